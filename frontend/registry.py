@@ -1,0 +1,125 @@
+"""The op registry: one entry per op.
+
+An :class:`OpDef` holds everything Kiln knows about one op: its attribute schema, shape/dtype
+rule, NumPy float reference and VJP (filled in ``frontend/ops``), and the rules other folders own
+(``int8_ref`` from ``quantize/``, ``lower`` from ``backends/``). A missing rule raises a
+``NotImplementedError`` naming the rule and the op, never a bare ``KeyError``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from .errors import GraphError
+
+# property sets (tinygrad-style): what kind of op this is
+ELEMENTWISE = "elementwise"   # output[i] depends on input[i] only (after broadcasting)
+UNARY = "unary"
+BINARY = "binary"
+LINEAR = "linear"             # conv / dense / matmul: has MACs
+REDUCTION = "reduction"
+SHAPE = "shape"               # data movement only
+QUANTIZABLE = "quantizable"   # has an int8 reference
+NONDIFF = "nondiff"           # output is not differentiable (comparisons, casts to int)
+
+
+@dataclasses.dataclass(frozen=True)
+class Attr:
+    """Schema of one attribute: type name ('int', 'float', 'bool', 'str', 'ints', 'any'),
+    default (``REQUIRED`` when the attribute must be given) and allowed values."""
+    type: str
+    default: Any = None
+    choices: tuple | None = None
+
+
+REQUIRED = object()
+_CHECK = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str),
+    "ints": lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, int) for x in v),
+    "any": lambda v: True,
+}
+
+
+@dataclasses.dataclass
+class OpDef:
+    name: str
+    attrs: dict = dataclasses.field(default_factory=dict)
+    infer: Callable | None = None       # (in_types, attrs) -> TensorType
+    ref: Callable | None = None         # (arrays, attrs) -> ndarray           float reference
+    vjp: Callable | None = None         # (node, xs, y, gy) -> [grad Tensor | None]  builds nodes
+    int8_ref: Callable | None = None    # (arrays, attrs, in_types, out_type) -> ndarray
+    lower: dict = dataclasses.field(default_factory=dict)   # backend name -> lowering rule
+    props: frozenset = frozenset()
+    arity: int | None = None            # number of inputs (None: variadic)
+    doc: str = ""
+
+    def rule(self, name):
+        fn = getattr(self, name)
+        if fn is None:
+            raise NotImplementedError(f"{_RULE_NAMES.get(name, name)} for '{self.name}' not implemented")
+        return fn
+
+    def normalize_attrs(self, attrs, where=""):
+        """Fill defaults, reject unknown or ill-typed attributes. Returns a new dict."""
+        out = {}
+        attrs = dict(attrs or {})
+        for k in attrs:
+            if k not in self.attrs:
+                raise GraphError(f"{where}op '{self.name}' has no attribute {k!r}; "
+                                 f"known: {sorted(self.attrs)}")
+        for k, spec in self.attrs.items():
+            if k in attrs:
+                v = attrs[k]
+                if isinstance(v, tuple):
+                    v = list(v)
+                if v is not None and not _CHECK[spec.type](v):
+                    raise GraphError(f"{where}attribute {k!r} of '{self.name}' must be {spec.type}, got {v!r}")
+                if spec.choices is not None and v not in spec.choices:
+                    raise GraphError(f"{where}attribute {k!r} of '{self.name}' must be one of "
+                                     f"{spec.choices}, got {v!r}")
+                out[k] = v
+            elif spec.default is REQUIRED:
+                raise GraphError(f"{where}op '{self.name}' needs attribute {k!r}")
+            else:
+                out[k] = list(spec.default) if isinstance(spec.default, tuple) else spec.default
+        return out
+
+
+_RULE_NAMES = {"infer": "shape rule", "ref": "NumPy reference", "vjp": "VJP",
+               "int8_ref": "int8 reference"}
+
+OPS: dict[str, OpDef] = {}
+
+
+def register(name, *, attrs=None, infer=None, ref=None, vjp=None, props=(), arity=None, doc=""):
+    if name in OPS:
+        raise GraphError(f"op '{name}' registered twice")
+    op = OpDef(name, dict(attrs or {}), infer, ref, vjp, props=frozenset(props), arity=arity, doc=doc)
+    OPS[name] = op
+    return op
+
+
+def get_op(name) -> OpDef:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise GraphError(f"unknown op '{name}'; registered ops: {', '.join(sorted(OPS))}") from None
+
+
+def defrule(op_name, rule):
+    """Decorator that fills one rule of a registered op: ``@defrule('conv2d', 'vjp')``."""
+    def deco(fn):
+        setattr(get_op(op_name), rule, fn)
+        return fn
+    return deco
+
+
+def deflower(op_name, backend):
+    """Decorator used by backends/: ``@deflower('conv2d', 'c')``."""
+    def deco(fn):
+        get_op(op_name).lower[backend] = fn
+        return fn
+    return deco
