@@ -1,0 +1,18 @@
+"""Kiln's frontend: the typed graph IR, the op registry, tracing, Modules, serialisation and the
+NumPy reference executor."""
+from . import ops  # noqa: F401  (fills the registry)
+from . import functional
+from .errors import (GraphError, KilnError, LimitError, NumericsError, SerializationError, ShapeError,
+                     TraceError)
+from .executor import RunStats, run, run_updates
+from .graph import Graph, Node
+from .limits import LIMITS, limits, set_limits
+from .module import (AvgPool2d, BatchNorm2d, Buffer, Conv2d, Dropout, Flatten, GlobalAvgPool, Linear,
+                     MaxPool2d, Module, Parameter, ReLU, ReLU6, Sequential, manual_seed)
+from .registry import OPS, OpDef, get_op
+from .serialize import load, save
+from .tensor import Tensor, constant
+from .trace import trace
+from .types import QParams, TensorType
+
+__all__ = [n for n in dir() if not n.startswith("_")]

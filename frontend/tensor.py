@@ -16,7 +16,9 @@ from .graph import Graph
 from .types import FLOAT_DTYPES, TensorType, dtype_of
 
 _state = threading.local()
-_KILN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_KILN_DIRS = tuple(os.path.join(_ROOT, d) + os.sep for d in
+                   ("frontend", "autodiff", "training", "quantize", "backends", "kiln"))
 
 
 def current_graph() -> Graph | None:
@@ -50,7 +52,7 @@ def user_location():
     f = sys._getframe(1)
     while f is not None:
         path = os.path.abspath(f.f_code.co_filename)
-        if not path.startswith(_KILN_DIR) or "/tests/" in path:
+        if not path.startswith(_KILN_DIRS):
             return f"{f.f_code.co_filename}:{f.f_lineno}"
         f = f.f_back
     return "<unknown>"
@@ -205,7 +207,7 @@ def constant(value, graph: Graph | None = None, name=None) -> Tensor:
 
 
 def _bind_tensor(g: Graph, p):
-    from .module import Parameter
+    from .module import Buffer
     ids = getattr(_state, "param_ids", None)
     if ids is None or current_graph() is not g:
         raise TraceError("a Parameter was used outside kiln.trace(...)")
@@ -213,11 +215,9 @@ def _bind_tensor(g: Graph, p):
     if key in ids:
         return Tensor(g, ids[key])
     names = getattr(_state, "param_names", {}) or {}
-    base = names.get(key) or g.fresh("param" if isinstance(p, Parameter) else "buffer")
-    if isinstance(p, Parameter):
-        name = g.add_param(base, p.data)
-    else:
-        name = g.add_const(base, p.data)
+    is_buffer = isinstance(p, Buffer)
+    base = names.get(key) or g.fresh("buffer" if is_buffer else "param")
+    name = (g.add_const if is_buffer else g.add_param)(base, p.data)
     ids[key] = name
     return Tensor(g, name)
 

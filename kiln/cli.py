@@ -1,2 +1,103 @@
+"""The ``kiln`` command line. Each sub-command lives in ``kiln/commands/<name>.py`` and defines
+``add_arguments(parser)`` and ``run(args) -> dict`` (the report). The CLI prints the report as a
+table, or as one JSON object with ``--json``, and exits non-zero when the report says ``ok: false``
+or a KilnError is raised."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from . import __version__
+
+COMMANDS = {
+    "demo": "train, quantise, compile and run the digits CNN on an emulated board; write a report",
+    "train": "train a model-zoo model or a user model on the host",
+    "quantize": "post-training quantisation or QAT to int8, with a float-vs-int8 accuracy report",
+    "inspect": "show a model's ops, tensors, quantisation, MACs and memory",
+    "compile": "compile a model to a C package (Cortex-M / host) or a CUDA package",
+    "build": "build firmware for a board from a model or a compiled package",
+    "run": "run a model on a board (QEMU or real) and report latency and memory",
+    "verify": "check golden input/output pairs on a target (reference, host, a board, cuda)",
+    "bench": "benchmark the shared models across targets and write docs/benchmarks.md",
+    "boards": "list the boards Kiln knows",
+}
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="kiln", description="Kiln: neural networks from a workstation to "
+                                "microcontrollers and GPU servers, verified on the target.")
+    p.add_argument("--version", action="version", version=f"kiln {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_ in COMMANDS.items():
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.add_argument("--json", action="store_true", help="print one JSON object with the results")
+        mod = _load(name)
+        if mod is not None:
+            mod.add_arguments(sp)
+    return p
+
+
+def _load(name):
+    try:
+        return importlib.import_module(f"kiln.commands.{name}")
+    except ModuleNotFoundError as e:
+        if e.name == f"kiln.commands.{name}":
+            return None
+        raise
+
+
+def _print_report(report):
+    text = report.get("text") if isinstance(report, dict) else None
+    if text:
+        print(text)
+        return
+    for k, v in (report or {}).items():
+        print(f"{k}: {v}")
+
+
 def main(argv=None):
-    print("kiln")
+    from kiln.frontend.errors import KilnError
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 0
+    mod = _load(args.command)
+    if mod is None:
+        msg = f"'kiln {args.command}' is not available in this build yet"
+        print(json.dumps({"ok": False, "error": msg}) if args.json else f"error: {msg}", file=sys.stdout if args.json else sys.stderr)
+        return 2
+    try:
+        report = mod.run(args)
+    except KilnError as e:
+        if args.json:
+            print(json.dumps({"ok": False, "command": args.command, "error": str(e), "error_type": type(e).__name__}))
+        else:
+            print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    report = report or {}
+    report.setdefault("ok", True)
+    report.setdefault("command", args.command)
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "text"}, default=_json_default))
+    else:
+        _print_report(report)
+    return 0 if report.get("ok", True) else 1
+
+
+def _json_default(o):
+    import numpy as np
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""The NumPy reference executor: runs any Graph node by node with each op's reference rule.
+
+Values are freed after their last use, so ``peak_live_bytes`` reports what the schedule needs
+(inputs and node outputs; parameters and constants are not counted). With ``check=True`` the first
+node whose output holds NaN or Inf raises :class:`NumericsError` naming the node and the op.
+Nodes with quantised operands (a TensorType with ``quant``) run the op's int8 reference.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from . import ops  # noqa: F401  (fills the registry)
+from .errors import GraphError, NumericsError
+from .graph import Graph
+from .registry import get_op
+from .types import np_dtype
+
+
+@dataclasses.dataclass
+class RunStats:
+    peak_live_bytes: int = 0
+    nodes_run: int = 0
+
+
+def _is_quantized(graph, node):
+    return graph.types[node.name].quant is not None or any(graph.types[i].quant is not None for i in node.inputs)
+
+
+def prepare_feeds(graph: Graph, args, feeds):
+    if feeds is None:
+        feeds = {}
+    else:
+        feeds = dict(feeds)
+    if args:
+        if len(args) > len(graph.inputs):
+            raise GraphError(f"graph {graph.name!r} takes {len(graph.inputs)} inputs, got {len(args)}")
+        feeds.update(zip(graph.inputs, args))
+    out = {}
+    for name in graph.inputs:
+        if name not in feeds:
+            raise GraphError(f"missing input {name!r} (graph inputs: {graph.inputs})")
+        t = graph.types[name]
+        v = np.asarray(feeds[name])
+        if v.shape != t.shape:
+            raise GraphError(f"input {name!r}: expected shape {t.shape}, got {v.shape}")
+        want = np_dtype(t.dtype)
+        if v.dtype != want:
+            if v.dtype.kind != want.kind and not (v.dtype.kind in "iu" and want.kind in "iu"):
+                raise GraphError(f"input {name!r}: expected {t.dtype}, got {v.dtype}")
+            v = v.astype(want)
+        out[name] = v
+    extra = set(feeds) - set(graph.inputs)
+    if extra:
+        raise GraphError(f"unknown inputs {sorted(extra)}; graph inputs are {graph.inputs}")
+    return out
+
+
+def run(graph: Graph, *args, feeds=None, params=None, check=False, stats: RunStats | None = None,
+        keep=(), outputs=None):
+    """Run ``graph`` on positional inputs (or a ``feeds`` dict). ``params`` overrides parameter or
+    constant values by name. Returns the list of output arrays (``outputs`` names others to return).
+    ``keep`` names extra values to return in a dict (second return value) when given."""
+    env = prepare_feeds(graph, args, feeds)
+    tensors = graph.tensors()
+    if params:
+        for k, v in params.items():
+            if k not in tensors:
+                raise GraphError(f"graph {graph.name!r} has no parameter or constant {k!r}")
+            tensors[k] = v
+    want = list(outputs if outputs is not None else graph.outputs)
+    last = graph.last_use()
+    for w in list(want) + list(keep):
+        last[w] = len(graph.nodes)
+    live = sum(v.nbytes for v in env.values())
+    peak = live
+    for k, node in enumerate(graph.nodes):
+        opdef = get_op(node.op)
+        xs = []
+        for i in node.inputs:
+            if i in env:
+                xs.append(env[i])
+            else:
+                xs.append(tensors[i])
+        try:
+            if opdef.int8_ref is not None and _is_quantized(graph, node):
+                y = opdef.int8_ref(xs, node.attrs, [graph.types[i] for i in node.inputs], graph.types[node.name])
+            else:
+                y = opdef.rule("ref")(xs, node.attrs)
+        except NotImplementedError:
+            raise
+        except (GraphError, NumericsError):
+            raise
+        except Exception as e:  # a reference rule failed: say where
+            raise GraphError(f"node {k} {node.name!r} ({node.op}) failed: {type(e).__name__}: {e}") from e
+        y = np.asarray(y)
+        t = graph.types[node.name]
+        if y.shape != t.shape:
+            raise GraphError(f"node {node.name!r} ({node.op}) produced shape {y.shape}, its type says {t}")
+        if t.dtype != "bfloat16" and y.dtype != np_dtype(t.dtype):
+            y = y.astype(np_dtype(t.dtype))
+        if check and y.dtype.kind == "f" and not np.all(np.isfinite(y)):
+            bad = "NaN" if np.isnan(y).any() else "Inf"
+            srcs = ", ".join(f"{i} ({graph.types[i]})" for i in node.inputs)
+            raise NumericsError(f"{bad} produced by node {k} {node.name!r} (op '{node.op}') from inputs {srcs}",
+                                node=node.name, op=node.op)
+        env[node.name] = y
+        live += y.nbytes
+        peak = max(peak, live)
+        for i in set(node.inputs) | {node.name}:
+            if i in env and last.get(i, -1) <= k:
+                live -= env.pop(i).nbytes
+    if stats is not None:
+        stats.peak_live_bytes = peak
+        stats.nodes_run = len(graph.nodes)
+
+    def get(n):
+        if n in env:
+            return env[n]
+        if n in tensors:
+            return tensors[n]
+        raise GraphError(f"value {n!r} was not computed")
+    result = [get(o) for o in want]
+    if keep:
+        return result, {k: get(k) for k in keep}
+    return result
+
+
+def run_updates(graph: Graph, *args, **kw):
+    """Run and also return the new values of buffers updated in train mode: (outputs, {buffer: value})."""
+    keep = list(graph.updates.values())
+    if not keep:
+        return run(graph, *args, **kw), {}
+    outs, kept = run(graph, *args, keep=keep, **kw)
+    return outs, {b: kept[v] for b, v in graph.updates.items()}

@@ -1,0 +1,273 @@
+"""The NumPy-like functional API. Each function appends one node (or a few, for sugar built from
+primitives) to the graph its operands belong to."""
+from __future__ import annotations
+
+import numpy as np
+
+from .tensor import Tensor, as_tensor, constant, current_graph  # noqa: F401
+from .errors import TraceError
+from .types import FLOAT_DTYPES
+
+
+def _graph_of(args):
+    for a in args:
+        if isinstance(a, Tensor):
+            return a.graph
+    return current_graph()
+
+
+def emit(op, inputs, **attrs) -> Tensor:
+    """Append node ``op(inputs; attrs)`` and return its value. Scalars and arrays become constants
+    of the dtype of the first tensor operand."""
+    g = _graph_of(inputs)
+    if g is None:
+        raise TraceError(f"{op}: no graph is being built (call it inside kiln.trace)")
+    like = next((a for a in inputs if isinstance(a, Tensor)), None)
+    ts = [as_tensor(a, like=like, graph=g) for a in inputs]
+    return Tensor(g, g.add_node(op, [t.name for t in ts], attrs))
+
+
+def _float_like(x, other):
+    """Python scalars adopt the float dtype of the tensor operand."""
+    return x
+
+
+def _bin(op):
+    def f(a, b):
+        return emit(op, [a, b])
+    f.__name__ = op
+    return f
+
+
+add, sub, mul, div = _bin("add"), _bin("sub"), _bin("mul"), _bin("div")
+maximum, minimum = _bin("maximum"), _bin("minimum")
+equal, not_equal, less, less_equal = _bin("equal"), _bin("not_equal"), _bin("less"), _bin("less_equal")
+greater, greater_equal = _bin("greater"), _bin("greater_equal")
+logical_and, logical_or = _bin("logical_and"), _bin("logical_or")
+
+
+def _un(op):
+    def f(x):
+        return emit(op, [x])
+    f.__name__ = op
+    return f
+
+
+neg, exp, log, sqrt, tanh, sigmoid = _un("neg"), _un("exp"), _un("log"), _un("sqrt"), _un("tanh"), _un("sigmoid")
+relu, relu6, logical_not = _un("relu"), _un("relu6"), _un("logical_not")
+
+
+def pow(x, exponent):
+    if isinstance(exponent, Tensor):
+        raise TraceError("pow: the exponent must be a Python number (pow by a constant)")
+    return emit("pow", [x], exponent=float(exponent))
+
+
+def where(cond, a, b):
+    g = _graph_of([cond, a, b])
+    like = next((t for t in (a, b) if isinstance(t, Tensor)), None)
+    if like is None:
+        raise TraceError("where: a or b must be a traced tensor")
+    a, b = as_tensor(a, like=like, graph=g), as_tensor(b, like=like, graph=g)
+    return emit("where", [cond, a, b])
+
+
+def cast(x, dtype):
+    dtype = np.dtype(dtype).name if dtype != "bfloat16" else dtype
+    if isinstance(x, Tensor) and x.dtype == dtype:
+        return x
+    return emit("cast", [x], dtype=dtype)
+
+
+def abs(x):
+    return where(x >= 0.0, x, -x)
+
+
+def square(x):
+    return x * x
+
+
+# ---- reductions -----------------------------------------------------------------------------
+def _axes(axis):
+    if axis is None:
+        return None
+    return [axis] if isinstance(axis, int) else list(axis)
+
+
+def reduce(op, x, axis=None, keepdims=False):
+    return emit(op, [x], axes=_axes(axis), keepdims=bool(keepdims))
+
+
+def sum(x, axis=None, keepdims=False):
+    return reduce("sum", x, axis, keepdims)
+
+
+def mean(x, axis=None, keepdims=False):
+    return reduce("mean", x, axis, keepdims)
+
+
+def max(x, axis=None, keepdims=False):
+    return reduce("max", x, axis, keepdims)
+
+
+def softmax(x, axis=-1):
+    return emit("softmax", [x], axis=axis)
+
+
+def log_softmax(x, axis=-1):
+    return emit("log_softmax", [x], axis=axis)
+
+
+# ---- shapes ---------------------------------------------------------------------------------
+def reshape(x, shape):
+    shape = [int(s) for s in shape]
+    if isinstance(x, Tensor) and list(x.shape) == shape:
+        return x
+    return emit("reshape", [x], shape=shape)
+
+
+def transpose(x, perm=None):
+    return emit("transpose", [x], perm=None if perm is None else [int(p) for p in perm])
+
+
+def swap_last(x):
+    perm = list(range(x.ndim))
+    perm[-1], perm[-2] = perm[-2], perm[-1]
+    return transpose(x, perm)
+
+
+def concat(xs, axis=0):
+    return emit("concat", list(xs), axis=axis)
+
+
+def pad(x, pads, value=0.0):
+    """pads: flat [lo0, hi0, lo1, hi1, ...] or a list of (lo, hi) pairs, one per axis."""
+    if pads and isinstance(pads[0], (tuple, list)):
+        pads = [int(v) for p in pads for v in p]
+    return emit("pad", [x], pads=[int(p) for p in pads], value=float(value))
+
+
+def slice(x, begin, end, strides=None):
+    return emit("slice", [x], begin=[int(b) for b in begin], end=[int(e) for e in end],
+                strides=None if strides is None else [int(s) for s in strides])
+
+
+def slice_grad(g, shape, attrs):
+    return emit("slice_grad", [g], shape=list(shape), begin=attrs["begin"], end=attrs["end"],
+                strides=attrs["strides"])
+
+
+def broadcast_to(x, shape):
+    shape = [int(s) for s in shape]
+    if isinstance(x, Tensor) and list(x.shape) == shape:
+        return x
+    return emit("broadcast_to", [x], shape=shape)
+
+
+def unbroadcast(g, shape):
+    """Sum a broadcast gradient back to ``shape`` (NumPy broadcasting undone)."""
+    shape = tuple(shape)
+    if g.shape == shape:
+        return g
+    nlead = g.ndim - len(shape)
+    axes = list(range(nlead)) + [nlead + i for i, s in enumerate(shape) if s == 1 and g.shape[nlead + i] != 1]
+    if axes:
+        g = sum(g, axes)
+    return reshape(g, shape)
+
+
+def getitem(x, idx):
+    """Basic indexing with ints and slices (positive steps); ints drop their axis."""
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    if any(i is Ellipsis for i in idx):
+        k = idx.index(Ellipsis)
+        idx = idx[:k] + (np.s_[:],) * (x.ndim - len(idx) + 1) + idx[k + 1:]
+    begin, end, strides, drop = [], [], [], []
+    for ax in range(x.ndim):
+        i = idx[ax] if ax < len(idx) else np.s_[:]
+        n = x.shape[ax]
+        if isinstance(i, Tensor):
+            raise TraceError("indexing with a traced tensor is not supported; use kiln.where")
+        if isinstance(i, (int, np.integer)):
+            i = int(i) + (n if i < 0 else 0)
+            if not 0 <= i < n:
+                raise IndexError(f"index {idx[ax]} out of range for axis {ax} of size {n}")
+            begin.append(i), end.append(i + 1), strides.append(1), drop.append(ax)
+        elif isinstance(i, type(np.s_[:])):
+            b, e, s = i.indices(n)
+            if s <= 0:
+                raise TraceError("negative slice steps are not supported")
+            begin.append(b), end.append(max(b, e)), strides.append(s)
+        else:
+            raise TraceError(f"unsupported index {i!r}")
+    y = slice(x, begin, end, strides)
+    if drop:
+        y = reshape(y, [s for a, s in enumerate(y.shape) if a not in drop])
+    return y
+
+
+# ---- linear / window ops --------------------------------------------------------------------
+def matmul(a, b):
+    return emit("matmul", [a, b])
+
+
+def dense(x, w, b=None, activation="none"):
+    return emit("dense", [x, w] + ([b] if b is not None else []), activation=activation)
+
+
+def _pair(v):
+    return [int(v), int(v)] if isinstance(v, (int, np.integer)) else [int(t) for t in v]
+
+
+def _padding(p):
+    if isinstance(p, str):
+        return p
+    if isinstance(p, (int, np.integer)):
+        return [int(p)] * 4
+    p = [int(v) for v in p]
+    if len(p) == 2:
+        return [p[0], p[0], p[1], p[1]]
+    return p
+
+
+def conv2d(x, w, b=None, stride=1, padding="valid", dilation=1, groups=1, activation="none"):
+    return emit("conv2d", [x, w] + ([b] if b is not None else []), stride=_pair(stride),
+                padding=_padding(padding), dilation=_pair(dilation), groups=int(groups), activation=activation)
+
+
+def conv2d_grad_input(gy, w, input_shape, stride, padding, dilation, groups):
+    return emit("conv2d_grad_input", [gy, w], stride=stride, padding=padding, dilation=dilation,
+                groups=groups, input_shape=list(input_shape))
+
+
+def conv2d_grad_weight(x, gy, weight_shape, stride, padding, dilation, groups):
+    return emit("conv2d_grad_weight", [x, gy], stride=stride, padding=padding, dilation=dilation,
+                groups=groups, weight_shape=list(weight_shape))
+
+
+def avg_pool2d(x, pool=2, stride=None, padding="valid", count_include_pad=False):
+    return emit("avg_pool2d", [x], pool=_pair(pool), stride=None if stride is None else _pair(stride),
+                padding=_padding(padding), count_include_pad=count_include_pad)
+
+
+def avg_pool2d_grad(gy, input_shape, pool, stride, padding, count_include_pad=False):
+    return emit("avg_pool2d_grad", [gy], pool=pool, stride=stride, padding=padding,
+                count_include_pad=count_include_pad, input_shape=list(input_shape))
+
+
+def max_pool2d(x, pool=2, stride=None, padding="valid"):
+    return emit("max_pool2d", [x], pool=_pair(pool), stride=None if stride is None else _pair(stride),
+                padding=_padding(padding))
+
+
+def max_pool2d_grad(x, gy, pool, stride, padding):
+    return emit("max_pool2d_grad", [x, gy], pool=pool, stride=stride, padding=padding)
+
+
+def max_pool2d_gather(x, g, pool, stride, padding):
+    return emit("max_pool2d_gather", [x, g], pool=pool, stride=stride, padding=padding)
+
+
+def dropout(x, key, rate=0.5, salt=0):
+    return emit("dropout", [x, key], rate=float(rate), salt=int(salt))

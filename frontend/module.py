@@ -1,0 +1,344 @@
+"""Module / Parameter / Buffer API and the standard layers.
+
+Parameters, buffers and sub-modules are discovered through attributes, including lists, tuples and
+dicts of modules; ``named_parameters()`` yields dotted names (``features.0.weight``) which are also
+the names of the parameters in a traced Graph. Layers use Kiln's layouts: NHWC activations, OHWI
+conv weights, [out, in] dense weights.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import numpy as np
+
+from . import functional as F
+from .errors import KilnError
+from .tensor import Tensor, current_graph
+
+_rng = np.random.default_rng(0)
+
+
+def manual_seed(seed):
+    """Seed the generator used to initialise new layers."""
+    global _rng
+    _rng = np.random.default_rng(seed)
+
+
+def default_rng():
+    return _rng
+
+
+class Parameter:
+    """A trainable tensor. ``data`` is a NumPy array."""
+
+    def __init__(self, data, dtype="float32"):
+        self.data = np.asarray(data, dtype=dtype)
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+    @property
+    def dtype(self):
+        return self.data.dtype.name
+
+    def __repr__(self):
+        return f"Parameter({self.dtype}{list(self.shape)})"
+
+    def _t(self):
+        from .tensor import as_tensor
+        return as_tensor(self)
+
+    # a Parameter used in an expression during tracing behaves like its Tensor
+    def __add__(self, o): return self._t() + o
+    def __radd__(self, o): return o + self._t()
+    def __sub__(self, o): return self._t() - o
+    def __rsub__(self, o): return o - self._t()
+    def __mul__(self, o): return self._t() * o
+    def __rmul__(self, o): return o * self._t()
+    def __truediv__(self, o): return self._t() / o
+    def __matmul__(self, o): return self._t() @ o
+    def __rmatmul__(self, o): return o @ self._t()
+    def __neg__(self): return -self._t()
+    def __pow__(self, p): return self._t() ** p
+    def __getitem__(self, i): return self._t()[i]
+    @property
+    def T(self): return self._t().T
+    def reshape(self, *s): return self._t().reshape(*s)
+    def sum(self, *a, **k): return self._t().sum(*a, **k)
+
+
+class Buffer(Parameter):
+    """A non-trainable tensor kept with the module (e.g. BatchNorm running statistics)."""
+
+    def __repr__(self):
+        return f"Buffer({self.dtype}{list(self.shape)})"
+
+
+def _children(obj, prefix):
+    if isinstance(obj, (Module, Parameter)):
+        yield prefix, obj
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _children(v, f"{prefix}.{i}")
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _children(v, f"{prefix}.{k}")
+
+
+class Module:
+    training = True
+
+    def __call__(self, *args, **kw):
+        return self.forward(*args, **kw)
+
+    def forward(self, *args, **kw):
+        raise NotImplementedError(f"{type(self).__name__}.forward is not defined")
+
+    def _direct(self):
+        for k, v in vars(self).items():
+            if k.startswith("_"):
+                continue
+            yield from _children(v, k)
+
+    def named_modules(self, prefix=""):
+        yield prefix, self
+        for name, v in self._direct():
+            if isinstance(v, Module):
+                yield from v.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def modules(self):
+        return [m for _, m in self.named_modules()]
+
+    def _named_tensors(self, kind):
+        seen = set()
+        for mname, m in self.named_modules():
+            for name, v in m._direct():
+                if type(v) is kind and id(v) not in seen:
+                    seen.add(id(v))
+                    yield (f"{mname}.{name}" if mname else name), v
+
+    def named_parameters(self):
+        return list(self._named_tensors(Parameter))
+
+    def parameters(self):
+        return [p for _, p in self.named_parameters()]
+
+    def named_buffers(self):
+        return list(self._named_tensors(Buffer))
+
+    def train(self, mode=True):
+        for m in self.modules():
+            m.training = mode
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def state_dict(self):
+        d = OrderedDict()
+        for k, p in self.named_parameters() + self.named_buffers():
+            d[k] = p.data.copy()
+        return d
+
+    def load_state_dict(self, state, strict=True):
+        own = dict(self.named_parameters() + self.named_buffers())
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        misshaped = [f"{k}: expected {own[k].shape}, got {tuple(np.shape(state[k]))}"
+                     for k in own if k in state and tuple(np.shape(state[k])) != own[k].shape]
+        if misshaped or (strict and (missing or unexpected)):
+            parts = []
+            if missing:
+                parts.append(f"missing keys: {missing}")
+            if unexpected:
+                parts.append(f"unexpected keys: {unexpected}")
+            if misshaped:
+                parts.append(f"mis-shaped keys: {misshaped}")
+            raise KilnError(f"load_state_dict for {type(self).__name__} failed: " + "; ".join(parts))
+        for k, p in own.items():
+            if k in state:
+                p.data = np.asarray(state[k], dtype=p.data.dtype).copy()
+        return {"missing": missing, "unexpected": unexpected}
+
+    def __repr__(self):
+        kids = [(n, v) for n, v in self._direct() if isinstance(v, Module)]
+        if not kids:
+            return f"{type(self).__name__}({self.extra_repr()})"
+        body = "\n".join(f"  ({n}): " + repr(m).replace("\n", "\n  ") for n, m in kids)
+        return f"{type(self).__name__}(\n{body}\n)"
+
+    def extra_repr(self):
+        return ""
+
+
+def _uniform(shape, bound):
+    return _rng.uniform(-bound, bound, size=shape).astype(np.float32)
+
+
+class Linear(Module):
+    def __init__(self, in_features, out_features, bias=True, activation="none"):
+        bound = 1.0 / math.sqrt(in_features)
+        self.weight = Parameter(_uniform((out_features, in_features), bound))
+        self.bias = Parameter(_uniform((out_features,), bound)) if bias else None
+        self.activation = activation
+        self.in_features, self.out_features = in_features, out_features
+
+    def forward(self, x):
+        return F.dense(x, self.weight, self.bias, activation=self.activation)
+
+    def extra_repr(self):
+        return f"{self.in_features}, {self.out_features}"
+
+
+class Conv2d(Module):
+    """NHWC convolution; weight is OHWI [out, kh, kw, in / groups]."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding="valid", dilation=1,
+                 groups=1, bias=True, activation="none"):
+        kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
+        if in_channels % groups or out_channels % groups:
+            raise KilnError(f"Conv2d: channels {in_channels}->{out_channels} not divisible by groups={groups}")
+        fan_in = (in_channels // groups) * kh * kw
+        bound = 1.0 / math.sqrt(fan_in)
+        self.weight = Parameter(_uniform((out_channels, kh, kw, in_channels // groups), bound))
+        self.bias = Parameter(_uniform((out_channels,), bound)) if bias else None
+        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+        self.activation = activation
+        self.cfg = (in_channels, out_channels, (kh, kw))
+
+    def forward(self, x):
+        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups,
+                        activation=self.activation)
+
+    def extra_repr(self):
+        i, o, k = self.cfg
+        return f"{i}, {o}, kernel={k}, stride={self.stride}, padding={self.padding}, groups={self.groups}"
+
+
+def record_update(buffer: Buffer, value: Tensor):
+    """Record, in the graph being traced, that ``buffer`` takes ``value`` after this step."""
+    from .tensor import as_tensor
+    b = as_tensor(buffer)
+    value.graph.updates[b.name] = value.name
+
+
+class BatchNorm2d(Module):
+    """NHWC batch normalisation over (N, H, W). Train mode normalises with batch statistics (biased
+    variance) and updates running statistics with momentum (unbiased variance), as PyTorch does;
+    eval mode uses the running statistics."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1):
+        self.weight = Parameter(np.ones(num_features, np.float32))
+        self.bias = Parameter(np.zeros(num_features, np.float32))
+        self.running_mean = Buffer(np.zeros(num_features, np.float32))
+        self.running_var = Buffer(np.ones(num_features, np.float32))
+        self.eps, self.momentum, self.num_features = eps, momentum, num_features
+
+    def forward(self, x):
+        axes = list(range(x.ndim - 1))
+        if self.training:
+            n = math.prod(x.shape[:-1])
+            mean = F.mean(x, axes)
+            xc = x - mean
+            var = F.mean(xc * xc, axes)
+            if current_graph() is not None:
+                m = self.momentum
+                record_update(self.running_mean, self.running_mean * (1.0 - m) + mean * m)
+                record_update(self.running_var, self.running_var * (1.0 - m) + var * (m * n / max(n - 1, 1)))
+            inv = 1.0 / F.sqrt(var + self.eps)
+            return xc * (inv * self.weight) + self.bias
+        inv = 1.0 / F.sqrt(self.running_var + self.eps)
+        scale = inv * self.weight
+        return x * scale + (self.bias - self.running_mean * scale)
+
+    def extra_repr(self):
+        return f"{self.num_features}"
+
+
+class ReLU(Module):
+    def forward(self, x):
+        return F.relu(x)
+
+
+class ReLU6(Module):
+    def forward(self, x):
+        return F.relu6(x)
+
+
+class Dropout(Module):
+    """Inverted dropout in train mode (identity in eval). The mask comes from the graph input
+    ``dropout_key`` (an int64 scalar the training loop feeds each step) and a per-layer salt."""
+    _count = 0
+
+    def __init__(self, p=0.5):
+        self.p = p
+        Dropout._count += 1
+        self.salt = Dropout._count
+
+    def forward(self, x):
+        if not self.training or self.p == 0:
+            return x
+        return F.dropout(x, dropout_key(x.graph), self.p, self.salt)
+
+
+def dropout_key(graph):
+    from .types import TensorType
+    if "dropout_key" not in graph.types:
+        graph.add_input("dropout_key", TensorType((), "int64"))
+        graph.meta.setdefault("rng_inputs", []).append("dropout_key")
+    return Tensor(graph, "dropout_key")
+
+
+class AvgPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding="valid"):
+        self.k, self.s, self.p = kernel_size, stride, padding
+
+    def forward(self, x):
+        return F.avg_pool2d(x, self.k, self.s, self.p)
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding="valid"):
+        self.k, self.s, self.p = kernel_size, stride, padding
+
+    def forward(self, x):
+        return F.max_pool2d(x, self.k, self.s, self.p)
+
+
+class GlobalAvgPool(Module):
+    """NHWC -> NC: mean over H and W."""
+
+    def forward(self, x):
+        return F.mean(x, [1, 2])
+
+
+class Flatten(Module):
+    def forward(self, x):
+        return F.reshape(x, (x.shape[0], -1))
+
+
+class Sequential(Module):
+    def __init__(self, *layers):
+        self.layers = list(layers)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def __getitem__(self, i):
+        return self.layers[i]
+
+    def __len__(self):
+        return len(self.layers)
+
+    def named_modules(self, prefix=""):
+        yield prefix, self
+        for i, m in enumerate(self.layers):
+            yield from m.named_modules(f"{prefix}.{i}" if prefix else str(i))
+
+    def _direct(self):
+        for i, m in enumerate(self.layers):
+            yield str(i), m

@@ -1,0 +1,138 @@
+"""Element-wise ops: unary math, binary arithmetic with NumPy broadcasting, comparisons, where, cast.
+
+Non-differentiable points follow PyTorch: relu'(0) = 0; relu6' is 0 at 0 and at 6;
+maximum/minimum split the gradient equally between tied operands; sqrt'(0) = inf.
+"""
+import numpy as np
+
+from .. import functional as F
+from ..errors import ShapeError
+from ..registry import BINARY, ELEMENTWISE, NONDIFF, QUANTIZABLE, UNARY, Attr, register
+from ..types import DTYPES
+from ._util import bshape, need_float, same_dtype, tt
+
+
+def _unary_infer(name):
+    def infer(ts, attrs):
+        need_float(ts[0], name)
+        return ts[0]
+    return infer
+
+
+def _unary(name, ref, vjp, props=()):
+    register(name, infer=_unary_infer(name), ref=lambda xs, a: ref(xs[0]).astype(xs[0].dtype, copy=False),
+             vjp=vjp, props={ELEMENTWISE, UNARY, *props}, arity=1)
+
+
+_unary("neg", np.negative, lambda n, xs, y, gy: [-gy])
+_unary("exp", np.exp, lambda n, xs, y, gy: [gy * y])
+_unary("log", np.log, lambda n, xs, y, gy: [gy / xs[0]])
+_unary("sqrt", np.sqrt, lambda n, xs, y, gy: [gy / (y * 2.0)])
+_unary("tanh", np.tanh, lambda n, xs, y, gy: [gy * (1.0 - y * y)], props={QUANTIZABLE})
+_unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), lambda n, xs, y, gy: [gy * (y * (1.0 - y))],
+       props={QUANTIZABLE})
+_unary("relu", lambda x: np.maximum(x, 0), lambda n, xs, y, gy: [F.where(xs[0] > 0.0, gy, 0.0)],
+       props={QUANTIZABLE})
+_unary("relu6", lambda x: np.minimum(np.maximum(x, 0), 6),
+       lambda n, xs, y, gy: [F.where(F.logical_and(xs[0] > 0.0, xs[0] < 6.0), gy, 0.0)],
+       props={QUANTIZABLE})
+
+
+def _pow_ref(xs, a):
+    return np.power(xs[0], np.asarray(a["exponent"], xs[0].dtype)).astype(xs[0].dtype)
+
+
+def _pow_vjp(n, xs, y, gy):
+    p = n.attrs["exponent"]
+    if p == 0:
+        return [gy * 0.0]
+    return [gy * (F.pow(xs[0], p - 1) * float(p))]
+
+
+register("pow", attrs={"exponent": Attr("float", 2.0)}, infer=_unary_infer("pow"), ref=_pow_ref,
+         vjp=_pow_vjp, props={ELEMENTWISE, UNARY}, arity=1, doc="x ** exponent (a constant)")
+
+
+# ---- binary -----------------------------------------------------------------------------------
+def _binary_infer(name, out_dtype=None):
+    def infer(ts, attrs):
+        dt = same_dtype(ts, name)
+        return tt(bshape(ts, name), out_dtype or dt)
+    return infer
+
+
+def _binary(name, ref, vjp, props=()):
+    register(name, infer=_binary_infer(name), ref=lambda xs, a: ref(xs[0], xs[1]).astype(xs[0].dtype, copy=False),
+             vjp=vjp, props={ELEMENTWISE, BINARY, *props}, arity=2)
+
+
+def _ub(g, x):
+    return F.unbroadcast(g, x.shape)
+
+
+_binary("add", np.add, lambda n, xs, y, gy: [_ub(gy, xs[0]), _ub(gy, xs[1])], props={QUANTIZABLE})
+_binary("sub", np.subtract, lambda n, xs, y, gy: [_ub(gy, xs[0]), _ub(-gy, xs[1])])
+_binary("mul", np.multiply, lambda n, xs, y, gy: [_ub(gy * xs[1], xs[0]), _ub(gy * xs[0], xs[1])],
+        props={QUANTIZABLE})
+_binary("div", np.divide, lambda n, xs, y, gy: [_ub(gy / xs[1], xs[0]), _ub(-(gy * y) / xs[1], xs[1])])
+
+
+def _minmax_vjp(cmp):
+    def vjp(n, xs, y, gy):
+        a, b = xs
+        wa = F.cast(cmp(a, b), gy.dtype) + F.cast(F.equal(a, b), gy.dtype) * 0.5
+        return [_ub(gy * wa, a), _ub(gy * (1.0 - wa), b)]
+    return vjp
+
+
+_binary("maximum", np.maximum, _minmax_vjp(F.greater))
+_binary("minimum", np.minimum, _minmax_vjp(F.less))
+
+
+# ---- comparisons and logic (bool results, no gradient) ---------------------------------------
+def _cmp(name, ref):
+    register(name, infer=_binary_infer(name, "bool"), ref=lambda xs, a: ref(xs[0], xs[1]),
+             vjp=lambda n, xs, y, gy: [None, None], props={ELEMENTWISE, BINARY, NONDIFF}, arity=2)
+
+
+_cmp("equal", np.equal)
+_cmp("not_equal", np.not_equal)
+_cmp("less", np.less)
+_cmp("less_equal", np.less_equal)
+_cmp("greater", np.greater)
+_cmp("greater_equal", np.greater_equal)
+_cmp("logical_and", np.logical_and)
+_cmp("logical_or", np.logical_or)
+register("logical_not", infer=lambda ts, a: tt(ts[0].shape, "bool"), ref=lambda xs, a: np.logical_not(xs[0]),
+         vjp=lambda n, xs, y, gy: [None], props={ELEMENTWISE, UNARY, NONDIFF}, arity=1)
+
+
+def _where_infer(ts, attrs):
+    c, a, b = ts
+    if c.dtype != "bool":
+        raise ShapeError(f"where: condition must be bool, got {c.dtype}")
+    dt = same_dtype([a, b], "where")
+    return tt(bshape(ts, "where"), dt)
+
+
+def _where_vjp(n, xs, y, gy):
+    c, a, b = xs
+    return [None, _ub(F.where(c, gy, 0.0), a), _ub(F.where(c, 0.0, gy), b)]
+
+
+register("where", infer=_where_infer, ref=lambda xs, a: np.where(xs[0], xs[1], xs[2]), vjp=_where_vjp,
+         props={ELEMENTWISE}, arity=3, doc="where(cond, a, b), NumPy broadcasting")
+
+
+def _cast_infer(ts, attrs):
+    return tt(ts[0].shape, attrs["dtype"])
+
+
+def _cast_vjp(n, xs, y, gy):
+    if xs[0].type.is_float and y.type.is_float:
+        return [F.cast(gy, xs[0].dtype)]
+    return [None]
+
+
+register("cast", attrs={"dtype": Attr("str", "float32", DTYPES)}, infer=_cast_infer,
+         ref=lambda xs, a: xs[0].astype(a["dtype"]), vjp=_cast_vjp, props={ELEMENTWISE, UNARY}, arity=1)

@@ -1,0 +1,388 @@
+"""Linear and window ops (NHWC): matmul, dense, conv2d (stride, same/valid/explicit padding,
+dilation, groups incl. depthwise, fused activation), avg/max pooling, dropout, and the
+primitives their VJPs emit (each itself differentiable, so grad-of-grad works).
+
+Layouts: activations NHWC; conv weights OHWI with I = C_in / groups (depthwise: groups = C_in,
+weights [C_in * multiplier, KH, KW, 1]); dense weights [N_out, K] (as TFLite and PyTorch).
+Max pooling sends the gradient to the first maximum of each window (row-major), as PyTorch does.
+Average pooling divides by the number of non-padding elements (TFLite), unless count_include_pad.
+"""
+import numpy as np
+
+from .. import functional as F
+from ..errors import ShapeError
+from ..registry import LINEAR, QUANTIZABLE, Attr, register
+from ._util import bshape, conv_out_and_pads, need_float, same_dtype, tt
+
+ACT = Attr("str", "none", ("none", "relu", "relu6"))
+
+
+def apply_act(y, act):
+    if act == "relu":
+        return np.maximum(y, 0)
+    if act == "relu6":
+        return np.clip(y, 0, 6)
+    return y
+
+
+def act_grad(gy, y, act):
+    if act == "relu":
+        return F.where(y > 0.0, gy, 0.0)
+    if act == "relu6":
+        return F.where(F.logical_and(y > 0.0, y < 6.0), gy, 0.0)
+    return gy
+
+
+# ---- matmul / dense ---------------------------------------------------------------------------
+def _matmul_infer(ts, a):
+    x, w = ts
+    dt = same_dtype(ts, "matmul")
+    if x.ndim < 2 or w.ndim < 2:
+        raise ShapeError(f"matmul needs rank >= 2 operands, got {x} and {w} (reshape vectors first)")
+    if x.shape[-1] != w.shape[-2]:
+        raise ShapeError(f"matmul: inner dimensions differ: {x.shape} @ {w.shape}")
+    batch = np.broadcast_shapes(x.shape[:-2], w.shape[:-2]) if (x.ndim > 2 or w.ndim > 2) else ()
+    return tt(tuple(batch) + (x.shape[-2], w.shape[-1]), dt)
+
+
+def _matmul_vjp(n, xs, y, gy):
+    a, b = xs
+    ga = F.matmul(gy, F.swap_last(b))
+    gb = F.matmul(F.swap_last(a), gy)
+    return [F.unbroadcast(ga, a.shape), F.unbroadcast(gb, b.shape)]
+
+
+register("matmul", infer=_matmul_infer, ref=lambda xs, a: np.matmul(xs[0], xs[1]), vjp=_matmul_vjp,
+         props={LINEAR}, arity=2, doc="NumPy matmul for rank >= 2 (batch dims broadcast)")
+
+
+def _dense_infer(ts, a):
+    x, w = ts[:2]
+    same_dtype(ts[:2], "dense")
+    if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[1]:
+        raise ShapeError(f"dense: input {x} does not match weights {w} (expected [N_out, {x.shape[-1] if x.ndim else '?'}])")
+    if len(ts) == 3 and ts[2].shape != (w.shape[0],):
+        raise ShapeError(f"dense: bias must have shape ({w.shape[0]},), got {ts[2].shape}")
+    if len(ts) not in (2, 3):
+        raise ShapeError("dense takes (x, w) or (x, w, bias)")
+    return tt(x.shape[:-1] + (w.shape[0],), x.dtype)
+
+
+def _dense_ref(xs, a):
+    y = np.matmul(xs[0], xs[1].T)
+    if len(xs) == 3:
+        y = y + xs[2]
+    return apply_act(y, a["activation"]).astype(xs[0].dtype, copy=False)
+
+
+def _dense_vjp(n, xs, y, gy):
+    x, w = xs[:2]
+    g = act_grad(gy, y, n.attrs["activation"])
+    gx = F.matmul(g, F.broadcast_to(w, w.shape)) if x.ndim >= 2 else None
+    if gx is None:
+        gx = F.reshape(F.matmul(F.reshape(g, (1, -1)), w), x.shape)
+    g2 = F.reshape(g, (-1, w.shape[0]))
+    x2 = F.reshape(x, (-1, w.shape[1]))
+    gw = F.matmul(F.transpose(g2, [1, 0]), x2)
+    out = [gx, gw]
+    if len(xs) == 3:
+        out.append(F.sum(g2, [0]))
+    return out
+
+
+register("dense", attrs={"activation": ACT}, infer=_dense_infer, ref=_dense_ref, vjp=_dense_vjp,
+         props={LINEAR, QUANTIZABLE}, doc="x @ w.T + b, w is [N_out, K]; optional fused activation")
+
+
+# ---- convolution ------------------------------------------------------------------------------
+CONV = {"stride": Attr("ints", (1, 1)), "padding": Attr("any", "valid"), "dilation": Attr("ints", (1, 1)),
+        "groups": Attr("int", 1)}
+
+
+def conv_geometry(xshape, wshape, a):
+    if len(xshape) != 4 or len(wshape) != 4:
+        raise ShapeError(f"conv2d needs NHWC input and OHWI weights, got {xshape} and {wshape}")
+    N, H, W, C = xshape
+    O, KH, KW, I = wshape
+    g = a["groups"]
+    pad = a["padding"]
+    if not (pad in ("same", "valid") or (isinstance(pad, list) and len(pad) == 4)):
+        raise ShapeError(f"padding must be 'same', 'valid' or [top, bottom, left, right], got {pad!r}")
+    if g < 1 or C != I * g or O % g:
+        raise ShapeError(f"conv2d: input channels {C} and weights {wshape} do not match groups={g} "
+                         f"(need C_in = I * groups and C_out divisible by groups)")
+    (sh, sw), (dh, dw) = a["stride"], a["dilation"]
+    if min(sh, sw, dh, dw) < 1:
+        raise ShapeError(f"stride and dilation must be >= 1, got {a['stride']}, {a['dilation']}")
+    oh, pt, pb = conv_out_and_pads(H, KH, sh, dh, pad, 0)
+    ow, pl, pr = conv_out_and_pads(W, KW, sw, dw, pad, 1)
+    return dict(N=N, H=H, W=W, C=C, O=O, KH=KH, KW=KW, I=I, g=g, sh=sh, sw=sw, dh=dh, dw=dw,
+                oh=oh, ow=ow, pt=pt, pb=pb, pl=pl, pr=pr)
+
+
+def _win(G, kh, kw):
+    """Slices of the padded input seen by kernel tap (kh, kw) for every output position."""
+    h0, w0 = kh * G["dh"], kw * G["dw"]
+    return (slice(None), slice(h0, h0 + (G["oh"] - 1) * G["sh"] + 1, G["sh"]),
+            slice(w0, w0 + (G["ow"] - 1) * G["sw"] + 1, G["sw"]))
+
+
+def _padded(x, G, value=0.0):
+    return np.pad(x, ((0, 0), (G["pt"], G["pb"]), (G["pl"], G["pr"]), (0, 0)), constant_values=value)
+
+
+def _conv_infer(ts, a):
+    if len(ts) not in (2, 3):
+        raise ShapeError("conv2d takes (x, w) or (x, w, bias)")
+    same_dtype(ts[:2], "conv2d")
+    G = conv_geometry(ts[0].shape, ts[1].shape, a)
+    if len(ts) == 3 and ts[2].shape != (G["O"],):
+        raise ShapeError(f"conv2d: bias must have shape ({G['O']},), got {ts[2].shape}")
+    return tt((G["N"], G["oh"], G["ow"], G["O"]), ts[0].dtype)
+
+
+def conv2d_nobias(x, w, a):
+    G = conv_geometry(x.shape, w.shape, a)
+    g, I, Og = G["g"], G["I"], G["O"] // G["g"]
+    xp = _padded(x, G)
+    xp = xp.reshape(xp.shape[:3] + (g, I))
+    wg = w.reshape(g, Og, G["KH"], G["KW"], I)
+    acc = np.zeros((G["N"], G["oh"], G["ow"], g, Og), np.result_type(x, w))
+    for kh in range(G["KH"]):
+        for kw in range(G["KW"]):
+            acc += np.einsum("nhwgi,goi->nhwgo", xp[_win(G, kh, kw)], wg[:, :, kh, kw, :])
+    return acc.reshape(G["N"], G["oh"], G["ow"], G["O"])
+
+
+def _conv_ref(xs, a):
+    y = conv2d_nobias(xs[0], xs[1], a)
+    if len(xs) == 3:
+        y = y + xs[2]
+    return apply_act(y, a["activation"]).astype(xs[0].dtype, copy=False)
+
+
+def _conv_attrs(a):
+    return {k: a[k] for k in CONV}
+
+
+def _conv_vjp(n, xs, y, gy):
+    x, w = xs[:2]
+    g = act_grad(gy, y, n.attrs["activation"])
+    ca = _conv_attrs(n.attrs)
+    out = [F.conv2d_grad_input(g, w, x.shape, **ca), F.conv2d_grad_weight(x, g, w.shape, **ca)]
+    if len(xs) == 3:
+        out.append(F.sum(g, [0, 1, 2]))
+    return out
+
+
+register("conv2d", attrs={**CONV, "activation": ACT}, infer=_conv_infer, ref=_conv_ref, vjp=_conv_vjp,
+         props={LINEAR, QUANTIZABLE},
+         doc="NHWC x OHWI conv (+bias, +fused activation); depthwise is groups = C_in")
+
+
+def _cgi_infer(ts, a):
+    gy, w = ts
+    same_dtype(ts, "conv2d_grad_input")
+    G = conv_geometry(tuple(a["input_shape"]), w.shape, a)
+    if gy.shape != (G["N"], G["oh"], G["ow"], G["O"]):
+        raise ShapeError(f"conv2d_grad_input: gradient {gy.shape} does not match the conv output")
+    return tt(a["input_shape"], gy.dtype)
+
+
+def conv2d_grad_input_ref(gy, w, a):
+    G = conv_geometry(tuple(a["input_shape"]), w.shape, a)
+    g, I, Og = G["g"], G["I"], G["O"] // G["g"]
+    gyg = gy.reshape(G["N"], G["oh"], G["ow"], g, Og)
+    wg = w.reshape(g, Og, G["KH"], G["KW"], I)
+    gxp = np.zeros((G["N"], G["H"] + G["pt"] + G["pb"], G["W"] + G["pl"] + G["pr"], g, I), np.result_type(gy, w))
+    for kh in range(G["KH"]):
+        for kw in range(G["KW"]):
+            gxp[_win(G, kh, kw)] += np.einsum("nhwgo,goi->nhwgi", gyg, wg[:, :, kh, kw, :])
+    gx = gxp[:, G["pt"]:G["pt"] + G["H"], G["pl"]:G["pl"] + G["W"]]
+    return gx.reshape(a["input_shape"]).astype(gy.dtype, copy=False)
+
+
+def _cgw_infer(ts, a):
+    x, gy = ts
+    same_dtype(ts, "conv2d_grad_weight")
+    G = conv_geometry(x.shape, tuple(a["weight_shape"]), a)
+    if gy.shape != (G["N"], G["oh"], G["ow"], G["O"]):
+        raise ShapeError(f"conv2d_grad_weight: gradient {gy.shape} does not match the conv output")
+    return tt(a["weight_shape"], x.dtype)
+
+
+def conv2d_grad_weight_ref(x, gy, a):
+    G = conv_geometry(x.shape, tuple(a["weight_shape"]), a)
+    g, I, Og = G["g"], G["I"], G["O"] // G["g"]
+    xp = _padded(x, G)
+    xp = xp.reshape(xp.shape[:3] + (g, I))
+    gyg = gy.reshape(G["N"], G["oh"], G["ow"], g, Og)
+    gw = np.zeros((g, Og, G["KH"], G["KW"], I), np.result_type(x, gy))
+    for kh in range(G["KH"]):
+        for kw in range(G["KW"]):
+            gw[:, :, kh, kw, :] = np.einsum("nhwgi,nhwgo->goi", xp[_win(G, kh, kw)], gyg)
+    return gw.reshape(a["weight_shape"]).astype(x.dtype, copy=False)
+
+
+def _cgi_vjp(n, xs, y, gy):
+    dy, w = xs
+    ca = _conv_attrs(n.attrs)
+    return [F.conv2d(gy, w, None, **ca), F.conv2d_grad_weight(gy, dy, w.shape, **ca)]
+
+
+def _cgw_vjp(n, xs, y, gy):
+    x, dy = xs
+    ca = _conv_attrs(n.attrs)
+    return [F.conv2d_grad_input(dy, gy, x.shape, **ca), F.conv2d(x, gy, None, **ca)]
+
+
+register("conv2d_grad_input", attrs={**CONV, "input_shape": Attr("ints", ())}, infer=_cgi_infer,
+         ref=lambda xs, a: conv2d_grad_input_ref(xs[0], xs[1], a), vjp=_cgi_vjp, arity=2,
+         doc="transpose of conv2d with respect to its input: (grad_out, w) -> grad_x")
+register("conv2d_grad_weight", attrs={**CONV, "weight_shape": Attr("ints", ())}, infer=_cgw_infer,
+         ref=lambda xs, a: conv2d_grad_weight_ref(xs[0], xs[1], a), vjp=_cgw_vjp, arity=2,
+         doc="gradient of conv2d with respect to its weights: (x, grad_out) -> grad_w")
+
+
+# ---- pooling ----------------------------------------------------------------------------------
+POOL = {"pool": Attr("ints", (2, 2)), "stride": Attr("ints", None), "padding": Attr("any", "valid")}
+
+
+def pool_geometry(xshape, a):
+    if len(xshape) != 4:
+        raise ShapeError(f"pooling needs NHWC input, got shape {xshape}")
+    kh, kw = a["pool"]
+    st = a["stride"] or a["pool"]
+    aa = {"groups": xshape[3], "stride": st, "padding": a["padding"], "dilation": [1, 1]}
+    return conv_geometry(xshape, (xshape[3], kh, kw, 1), aa)
+
+
+def _pool_infer(ts, a):
+    G = pool_geometry(ts[0].shape, a)
+    return tt((G["N"], G["oh"], G["ow"], G["C"]), ts[0].dtype, ts[0].quant)
+
+
+def _avg_counts(G, a, dtype):
+    if a.get("count_include_pad"):
+        return np.asarray(G["KH"] * G["KW"], dtype)
+    ones = _padded(np.ones((1, G["H"], G["W"], 1), dtype), G)
+    cnt = np.zeros((1, G["oh"], G["ow"], 1), dtype)
+    for kh in range(G["KH"]):
+        for kw in range(G["KW"]):
+            cnt += ones[_win(G, kh, kw)]
+    return cnt
+
+
+def _avg_ref(xs, a):
+    x = xs[0]
+    G = pool_geometry(x.shape, a)
+    xp = _padded(x, G)
+    acc = np.zeros((G["N"], G["oh"], G["ow"], G["C"]), x.dtype)
+    for kh in range(G["KH"]):
+        for kw in range(G["KW"]):
+            acc += xp[_win(G, kh, kw)]
+    return (acc / _avg_counts(G, a, x.dtype)).astype(x.dtype)
+
+
+def _avg_grad_ref(xs, a):
+    gy = xs[0]
+    G = pool_geometry(tuple(a["input_shape"]), a)
+    g = gy / _avg_counts(G, a, gy.dtype)
+    gxp = np.zeros((G["N"], G["H"] + G["pt"] + G["pb"], G["W"] + G["pl"] + G["pr"], G["C"]), gy.dtype)
+    for kh in range(G["KH"]):
+        for kw in range(G["KW"]):
+            gxp[_win(G, kh, kw)] += g
+    return gxp[:, G["pt"]:G["pt"] + G["H"], G["pl"]:G["pl"] + G["W"]].copy()
+
+
+def _pool_attrs(a):
+    return {k: a[k] for k in POOL}
+
+
+AVG = {**POOL, "count_include_pad": Attr("bool", False)}
+register("avg_pool2d", attrs=AVG, infer=_pool_infer, ref=_avg_ref,
+         vjp=lambda n, xs, y, gy: [F.avg_pool2d_grad(gy, xs[0].shape, **_pool_attrs(n.attrs),
+                                                     count_include_pad=n.attrs["count_include_pad"])],
+         props={QUANTIZABLE}, arity=1)
+register("avg_pool2d_grad", attrs={**AVG, "input_shape": Attr("ints", ())},
+         infer=lambda ts, a: tt(a["input_shape"], ts[0].dtype), ref=_avg_grad_ref,
+         vjp=lambda n, xs, y, gy: [F.avg_pool2d(gy, **_pool_attrs(n.attrs), count_include_pad=n.attrs["count_include_pad"])],
+         arity=1, doc="transpose of avg_pool2d")
+
+
+def _argmax_index(x, a):
+    """For each output window, the flat (kh*KW+kw) index of its first maximum."""
+    G = pool_geometry(x.shape, a)
+    xp = _padded(x.astype(np.float64) if x.dtype.kind != "f" else x, G, -np.inf)
+    best = np.full((G["N"], G["oh"], G["ow"], G["C"]), -np.inf, xp.dtype)
+    idx = np.zeros(best.shape, np.int64)
+    for kh in range(G["KH"]):
+        for kw in range(G["KW"]):
+            v = xp[_win(G, kh, kw)]
+            better = v > best
+            best = np.where(better, v, best)
+            idx = np.where(better, kh * G["KW"] + kw, idx)
+    return G, idx
+
+
+def _max_ref(xs, a):
+    x = xs[0]
+    G = pool_geometry(x.shape, a)
+    lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    xp = _padded(x, G, lowest)
+    out = np.full((G["N"], G["oh"], G["ow"], G["C"]), lowest, x.dtype)
+    for kh in range(G["KH"]):
+        for kw in range(G["KW"]):
+            out = np.maximum(out, xp[_win(G, kh, kw)])
+    return out
+
+
+def _max_grad_ref(xs, a):
+    x, gy = xs
+    G, idx = _argmax_index(x, a)
+    gxp = np.zeros((G["N"], G["H"] + G["pt"] + G["pb"], G["W"] + G["pl"] + G["pr"], G["C"]), gy.dtype)
+    for kh in range(G["KH"]):
+        for kw in range(G["KW"]):
+            gxp[_win(G, kh, kw)] += np.where(idx == kh * G["KW"] + kw, gy, 0)
+    return gxp[:, G["pt"]:G["pt"] + G["H"], G["pl"]:G["pl"] + G["W"]].copy()
+
+
+def _max_gather_ref(xs, a):
+    x, g = xs
+    G, idx = _argmax_index(x, a)
+    gp = _padded(g, G)
+    out = np.zeros((G["N"], G["oh"], G["ow"], G["C"]), g.dtype)
+    for kh in range(G["KH"]):
+        for kw in range(G["KW"]):
+            out += np.where(idx == kh * G["KW"] + kw, gp[_win(G, kh, kw)], 0)
+    return out
+
+
+register("max_pool2d", attrs=POOL, infer=_pool_infer, ref=_max_ref,
+         vjp=lambda n, xs, y, gy: [F.max_pool2d_grad(xs[0], gy, **n.attrs)], props={QUANTIZABLE}, arity=1)
+register("max_pool2d_grad", attrs=POOL, infer=lambda ts, a: ts[0], ref=_max_grad_ref,
+         vjp=lambda n, xs, y, gy: [None, F.max_pool2d_gather(xs[0], gy, **n.attrs)], arity=2,
+         doc="(x, grad_out) -> grad_x: routes each window's gradient to its first maximum")
+register("max_pool2d_gather", attrs=POOL, infer=lambda ts, a: _pool_infer(ts[:1], a),
+         ref=_max_gather_ref, vjp=lambda n, xs, y, gy: [None, F.max_pool2d_grad(xs[0], gy, **n.attrs)], arity=2,
+         doc="(x, g) -> g at each window's first maximum (transpose of max_pool2d_grad)")
+
+
+# ---- dropout ----------------------------------------------------------------------------------
+def dropout_mask(shape, key, salt, rate, dtype):
+    rng = np.random.default_rng([int(key) & 0xFFFFFFFF, int(salt)])
+    return ((rng.random(shape) >= rate) / (1.0 - rate)).astype(dtype)
+
+
+def _dropout_infer(ts, a):
+    if ts[1].shape != () or ts[1].dtype != "int64":
+        raise ShapeError(f"dropout: key must be an int64 scalar, got {ts[1]}")
+    if not 0.0 <= a["rate"] < 1.0:
+        raise ShapeError(f"dropout rate must be in [0, 1), got {a['rate']}")
+    return ts[0]
+
+
+register("dropout", attrs={"rate": Attr("float", 0.5), "salt": Attr("int", 0)}, infer=_dropout_infer,
+         ref=lambda xs, a: xs[0] * dropout_mask(xs[0].shape, xs[1], a["salt"], a["rate"], xs[0].dtype),
+         vjp=lambda n, xs, y, gy: [F.dropout(gy, xs[1], n.attrs["rate"], n.attrs["salt"]), None], arity=2,
+         doc="inverted dropout with a counter-based mask from (key, salt): the same key gives the same mask")

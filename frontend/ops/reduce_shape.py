@@ -1,0 +1,245 @@
+"""Reductions (sum, mean, max over axes, keepdims), softmax/log_softmax, and data-movement ops."""
+import math
+
+import numpy as np
+
+from .. import functional as F
+from ..errors import ShapeError
+from ..registry import QUANTIZABLE, REDUCTION, SHAPE, Attr, register
+from ._util import need_float, norm_axes, reduced_shape, tt
+
+_RED = {"axes": Attr("ints", None), "keepdims": Attr("bool", False)}
+
+
+def _red_infer(name):
+    def infer(ts, a):
+        axes = norm_axes(a["axes"], ts[0].ndim, name)
+        return tt(reduced_shape(ts[0].shape, axes, a["keepdims"]), ts[0].dtype)
+    return infer
+
+
+def _axes(a, x):
+    return norm_axes(a["axes"], x.ndim)
+
+
+def _expand_back(g, x, attrs):
+    """Reshape a reduced gradient to keepdims form and broadcast it back to x's shape."""
+    axes = norm_axes(attrs["axes"], x.ndim)
+    g = F.reshape(g, reduced_shape(x.shape, axes, True))
+    return F.broadcast_to(g, x.shape)
+
+
+def _sum_ref(xs, a):
+    return np.sum(xs[0], axis=_axes(a, xs[0]), keepdims=a["keepdims"]).astype(xs[0].dtype)
+
+
+def _mean_ref(xs, a):
+    return np.mean(xs[0], axis=_axes(a, xs[0]), keepdims=a["keepdims"]).astype(xs[0].dtype)
+
+
+def _max_ref(xs, a):
+    return np.max(xs[0], axis=_axes(a, xs[0]), keepdims=a["keepdims"])
+
+
+def _mean_vjp(n, xs, y, gy):
+    x = xs[0]
+    count = math.prod(x.shape[i] for i in norm_axes(n.attrs["axes"], x.ndim))
+    return [_expand_back(gy, x, n.attrs) * (1.0 / count)]
+
+
+def _max_vjp(n, xs, y, gy):
+    # ties share the gradient equally (as torch.amax does)
+    x = xs[0]
+    keep = dict(n.attrs, keepdims=True)
+    yk = F.broadcast_to(F.reshape(y, reduced_shape(x.shape, norm_axes(n.attrs["axes"], x.ndim), True)), x.shape)
+    mask = F.cast(F.equal(x, yk), x.dtype)
+    count = F.reduce("sum", mask, keep["axes"], True)
+    return [mask * _expand_back(gy, x, n.attrs) / F.broadcast_to(count, x.shape)]
+
+
+register("sum", attrs=_RED, infer=_red_infer("sum"), ref=_sum_ref,
+         vjp=lambda n, xs, y, gy: [_expand_back(gy, xs[0], n.attrs)], props={REDUCTION}, arity=1)
+register("mean", attrs=_RED, infer=_red_infer("mean"), ref=_mean_ref, vjp=_mean_vjp,
+         props={REDUCTION, QUANTIZABLE}, arity=1)
+register("max", attrs=_RED, infer=_red_infer("max"), ref=_max_ref, vjp=_max_vjp, props={REDUCTION}, arity=1)
+
+
+# ---- softmax --------------------------------------------------------------------------------
+def _sm_infer(ts, a):
+    need_float(ts[0], "softmax")
+    norm_axes([a["axis"]], ts[0].ndim, "softmax")
+    return ts[0]
+
+
+def _softmax_ref(xs, a):
+    x = xs[0]
+    e = np.exp(x - np.max(x, axis=a["axis"], keepdims=True))
+    return (e / np.sum(e, axis=a["axis"], keepdims=True)).astype(x.dtype)
+
+
+def _log_softmax_ref(xs, a):
+    x = xs[0]
+    s = x - np.max(x, axis=a["axis"], keepdims=True)
+    return (s - np.log(np.sum(np.exp(s), axis=a["axis"], keepdims=True))).astype(x.dtype)
+
+
+def _softmax_vjp(n, xs, y, gy):
+    ax = n.attrs["axis"]
+    s = F.broadcast_to(F.sum(gy * y, ax, keepdims=True), y.shape)
+    return [y * (gy - s)]
+
+
+def _log_softmax_vjp(n, xs, y, gy):
+    ax = n.attrs["axis"]
+    s = F.broadcast_to(F.sum(gy, ax, keepdims=True), y.shape)
+    return [gy - F.exp(y) * s]
+
+
+register("softmax", attrs={"axis": Attr("int", -1)}, infer=_sm_infer, ref=_softmax_ref, vjp=_softmax_vjp,
+         props={QUANTIZABLE}, arity=1)
+register("log_softmax", attrs={"axis": Attr("int", -1)}, infer=_sm_infer, ref=_log_softmax_ref,
+         vjp=_log_softmax_vjp, arity=1)
+
+
+# ---- shape ops ------------------------------------------------------------------------------
+def resolve_shape(shape, size):
+    shape = list(shape)
+    if shape.count(-1) > 1:
+        raise ShapeError(f"reshape: at most one -1 allowed, got {shape}")
+    if -1 in shape:
+        rest = math.prod(s for s in shape if s != -1)
+        if rest == 0 or size % rest:
+            raise ShapeError(f"reshape: cannot infer -1 in {shape} for {size} elements")
+        shape[shape.index(-1)] = size // rest
+    if math.prod(shape) != size or any(s < 0 for s in shape):
+        raise ShapeError(f"reshape: {size} elements cannot take shape {shape}")
+    return tuple(shape)
+
+
+register("reshape", attrs={"shape": Attr("ints", ())},
+         infer=lambda ts, a: tt(resolve_shape(a["shape"], ts[0].size), ts[0].dtype, ts[0].quant),
+         ref=lambda xs, a: np.reshape(xs[0], resolve_shape(a["shape"], xs[0].size)),
+         vjp=lambda n, xs, y, gy: [F.reshape(gy, xs[0].shape)], props={SHAPE, QUANTIZABLE}, arity=1)
+
+
+def _perm(a, ndim):
+    p = a["perm"]
+    if p is None:
+        return tuple(reversed(range(ndim)))
+    if sorted(p) != list(range(ndim)):
+        raise ShapeError(f"transpose: {p} is not a permutation of {ndim} axes")
+    return tuple(p)
+
+
+register("transpose", attrs={"perm": Attr("ints", None)},
+         infer=lambda ts, a: tt([ts[0].shape[i] for i in _perm(a, ts[0].ndim)], ts[0].dtype, ts[0].quant),
+         ref=lambda xs, a: np.transpose(xs[0], _perm(a, xs[0].ndim)),
+         vjp=lambda n, xs, y, gy: [F.transpose(gy, list(np.argsort(_perm(n.attrs, xs[0].ndim))))],
+         props={SHAPE}, arity=1)
+
+
+def _concat_infer(ts, a):
+    nd = ts[0].ndim
+    ax = norm_axes([a["axis"]], nd, "concat")[0]
+    for t in ts[1:]:
+        if t.ndim != nd or t.dtype != ts[0].dtype or any(t.shape[i] != ts[0].shape[i] for i in range(nd) if i != ax):
+            raise ShapeError(f"concat on axis {ax}: incompatible {ts[0]} and {t}")
+    shape = list(ts[0].shape)
+    shape[ax] = sum(t.shape[ax] for t in ts)
+    return tt(shape, ts[0].dtype)
+
+
+def _concat_vjp(n, xs, y, gy):
+    ax = n.attrs["axis"] % y.ndim
+    out, off = [], 0
+    for x in xs:
+        begin = [0] * y.ndim
+        end = list(y.shape)
+        begin[ax], end[ax] = off, off + x.shape[ax]
+        out.append(F.slice(gy, begin, end))
+        off += x.shape[ax]
+    return out
+
+
+register("concat", attrs={"axis": Attr("int", 0)}, infer=_concat_infer,
+         ref=lambda xs, a: np.concatenate(xs, axis=a["axis"]), vjp=_concat_vjp, props={SHAPE, QUANTIZABLE})
+
+
+def _pads(a, ndim):
+    p = a["pads"]
+    if len(p) != 2 * ndim or any(v < 0 for v in p):
+        raise ShapeError(f"pad: pads must be 2*rank={2 * ndim} non-negative ints [lo0, hi0, lo1, hi1, ...], got {p}")
+    return [(p[2 * i], p[2 * i + 1]) for i in range(ndim)]
+
+
+register("pad", attrs={"pads": Attr("ints", ()), "value": Attr("float", 0.0)},
+         infer=lambda ts, a: tt([s + lo + hi for s, (lo, hi) in zip(ts[0].shape, _pads(a, ts[0].ndim))], ts[0].dtype, ts[0].quant),
+         ref=lambda xs, a: np.pad(xs[0], _pads(a, xs[0].ndim), constant_values=np.asarray(a["value"]).astype(xs[0].dtype)),
+         vjp=lambda n, xs, y, gy: [F.slice(gy, [lo for lo, hi in _pads(n.attrs, y.ndim)],
+                                           [lo + s for (lo, hi), s in zip(_pads(n.attrs, y.ndim), xs[0].shape)])],
+         props={SHAPE, QUANTIZABLE}, arity=1)
+
+
+def _slice_params(a, shape):
+    nd = len(shape)
+    b, e = list(a["begin"]), list(a["end"])
+    st = list(a["strides"] or [1] * nd)
+    if not (len(b) == len(e) == len(st) == nd):
+        raise ShapeError(f"slice: begin/end/strides need {nd} entries, got {b}, {e}, {st}")
+    out = []
+    for i in range(nd):
+        if st[i] <= 0:
+            raise ShapeError(f"slice: strides must be positive, got {st}")
+        lo, hi = max(0, min(b[i], shape[i])), max(0, min(e[i], shape[i]))
+        if not (0 <= b[i] <= shape[i] and b[i] <= e[i] <= shape[i]):
+            raise ShapeError(f"slice: [{b[i]}:{e[i]}] out of range for axis {i} of size {shape[i]}")
+        out.append(slice(lo, hi, st[i]))
+    return tuple(out)
+
+
+def _slice_infer(ts, a):
+    idx = _slice_params(a, ts[0].shape)
+    return tt([len(range(s.start, s.stop, s.step)) for s in idx], ts[0].dtype, ts[0].quant)
+
+
+def _slice_vjp(n, xs, y, gy):
+    idx = _slice_params(n.attrs, xs[0].shape)
+    if all(s.step == 1 for s in idx):
+        pads = []
+        for s, d in zip(idx, xs[0].shape):
+            pads += [s.start, d - s.stop]
+        return [F.pad(gy, pads)]
+    return [F.slice_grad(gy, xs[0].shape, n.attrs)]
+
+
+register("slice", attrs={"begin": Attr("ints", ()), "end": Attr("ints", ()), "strides": Attr("ints", None)},
+         infer=_slice_infer, ref=lambda xs, a: xs[0][_slice_params(a, xs[0].shape)].copy(),
+         vjp=_slice_vjp, props={SHAPE}, arity=1)
+
+
+def _slice_grad_ref(xs, a):
+    out = np.zeros(a["shape"], xs[0].dtype)
+    out[_slice_params(a, a["shape"])] = xs[0]
+    return out
+
+
+register("slice_grad",
+         attrs={"shape": Attr("ints", ()), "begin": Attr("ints", ()), "end": Attr("ints", ()), "strides": Attr("ints", None)},
+         infer=lambda ts, a: tt(a["shape"], ts[0].dtype), ref=_slice_grad_ref,
+         vjp=lambda n, xs, y, gy: [F.slice(gy, n.attrs["begin"], n.attrs["end"], n.attrs["strides"])],
+         props={SHAPE}, arity=1, doc="scatter a strided slice back into zeros of `shape` (transpose of slice)")
+
+
+def _bt_infer(ts, a):
+    shape = tuple(a["shape"])
+    try:
+        if np.broadcast_shapes(ts[0].shape, shape) != shape:
+            raise ValueError
+    except ValueError:
+        raise ShapeError(f"broadcast_to: {ts[0].shape} cannot broadcast to {shape}") from None
+    return tt(shape, ts[0].dtype)
+
+
+register("broadcast_to", attrs={"shape": Attr("ints", ())}, infer=_bt_infer,
+         ref=lambda xs, a: np.broadcast_to(xs[0], a["shape"]).copy(),
+         vjp=lambda n, xs, y, gy: [F.unbroadcast(gy, xs[0].shape)], props={SHAPE}, arity=1)

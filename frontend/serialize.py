@@ -1,0 +1,125 @@
+"""Graph files: ``NAME.json`` (structure, types, attributes; format-versioned) next to
+``NAME.npz`` (parameters and constants). Round trips are exact (floats in JSON use repr, which
+round-trips; tensors are stored bit-for-bit). A corrupt file, a tensor file that does not match
+its checksum, or a newer format version fails with :class:`SerializationError`."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import zipfile
+
+import numpy as np
+
+from .errors import GraphError, KilnError, SerializationError, ShapeError
+from .graph import Graph, Node
+from .types import TensorType
+
+FORMAT = "kiln-graph"
+FORMAT_VERSION = 1
+
+
+def _paths(path):
+    path = os.fspath(path)
+    base = path[:-5] if path.endswith(".json") else path
+    return base + ".json", base + ".npz"
+
+
+def to_dict(graph: Graph):
+    return {
+        "format": FORMAT, "version": FORMAT_VERSION, "name": graph.name,
+        "inputs": list(graph.inputs), "params": list(graph.params), "consts": list(graph.consts),
+        "types": {k: t.to_json() for k, t in graph.types.items()},
+        "nodes": [{"name": n.name, "op": n.op, "inputs": list(n.inputs), "attrs": n.attrs} for n in graph.nodes],
+        "outputs": list(graph.outputs), "updates": dict(graph.updates),
+        "meta": {k: v for k, v in graph.meta.items() if not k.startswith("_") and _jsonable(v)},
+    }
+
+
+def _jsonable(v):
+    try:
+        json.dumps(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def save(graph: Graph, path):
+    """Write ``path`` (.json) and its .npz; returns the JSON path. Writes are atomic."""
+    jpath, npath = _paths(path)
+    buf = io.BytesIO()
+    np.savez(buf, **{f"t{k}": v for k, v in enumerate(list(graph.params.values()) + list(graph.consts.values()))})
+    blob = buf.getvalue()
+    d = to_dict(graph)
+    d["tensors"] = {"file": os.path.basename(npath), "sha256": hashlib.sha256(blob).hexdigest()}
+    _atomic_write(npath, blob)
+    _atomic_write(jpath, json.dumps(d, indent=1).encode())
+    return jpath
+
+
+def _atomic_write(path, data: bytes):
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load(path) -> Graph:
+    jpath, npath = _paths(path)
+    try:
+        with open(jpath, "rb") as f:
+            d = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise SerializationError(f"{jpath}: no such graph file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SerializationError(f"{jpath}: not a Kiln graph file (corrupt JSON: {e})") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise SerializationError(f"{jpath}: not a Kiln graph file (no 'format': '{FORMAT}' header)")
+    v = d.get("version")
+    if not isinstance(v, int) or v > FORMAT_VERSION:
+        raise SerializationError(f"{jpath}: format version {v!r} is newer than this Kiln reads "
+                                 f"({FORMAT_VERSION}); upgrade Kiln")
+    tfile = os.path.join(os.path.dirname(jpath), d.get("tensors", {}).get("file", os.path.basename(npath)))
+    try:
+        with open(tfile, "rb") as f:
+            blob = f.read()
+    except FileNotFoundError:
+        raise SerializationError(f"{jpath}: tensor file {tfile} is missing") from None
+    want = d.get("tensors", {}).get("sha256")
+    if want and hashlib.sha256(blob).hexdigest() != want:
+        raise SerializationError(f"{tfile}: checksum mismatch (corrupt or from another save of {jpath})")
+    try:
+        with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+            arrays = [z[f"t{k}"] for k in range(len(d["params"]) + len(d["consts"]))]
+    except (ValueError, KeyError, OSError, zipfile.BadZipFile, EOFError) as e:
+        raise SerializationError(f"{tfile}: corrupt tensor file ({type(e).__name__}: {e})") from None
+    try:
+        return from_dict(d, arrays)
+    except (KeyError, TypeError, ValueError) as e:
+        raise SerializationError(f"{jpath}: malformed graph ({type(e).__name__}: {e})") from None
+
+
+def from_dict(d, arrays) -> Graph:
+    g = Graph(d["name"])
+    types = {k: TensorType.from_json(t) for k, t in d["types"].items()}
+    names = list(d["params"]) + list(d["consts"])
+    for k, name in enumerate(names):
+        arr = arrays[k]
+        t = types[name]
+        (g.params if k < len(d["params"]) else g.consts)[name] = arr
+    g.inputs = list(d["inputs"])
+    g.types = types
+    g.nodes = [Node(n["name"], n["op"], list(n["inputs"]), dict(n["attrs"])) for n in d["nodes"]]
+    g.outputs = list(d["outputs"])
+    g.updates = dict(d.get("updates", {}))
+    g.meta = dict(d.get("meta", {}))
+    try:
+        g.validate()
+    except (GraphError, ShapeError) as e:
+        raise SerializationError(f"graph in file is invalid: {e}") from None
+    return g
