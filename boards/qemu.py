@@ -1,0 +1,249 @@
+"""Launch a firmware image in QEMU and hand back a :class:`~kiln.boards.device.Device` for it.
+
+    with Qemu(image) as q:                     # image: kiln.firmware.Image
+        dev = q.device()
+        out, res = dev.run(x)
+        res.instructions, res.ticks
+
+QEMU runs with ``-icount shift=N,align=off,sleep=off`` (deterministic SysTick), the serial port
+as a TCP server on a free local port (``wait=on``: the CPU starts when the host connects, so no
+boot output is lost), semihosting for the exit code, ``-no-reboot`` and the instruction-count
+plugin. It is stopped on every path: context exit, :meth:`stop`, garbage collection and
+interpreter exit.
+"""
+from __future__ import annotations
+
+import atexit
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import weakref
+from pathlib import Path
+
+from .schema import Board
+
+DEFAULT_SHIFT = 6
+
+
+class QemuError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def qemu_binary() -> str:
+    path = shutil.which("qemu-system-arm")
+    if not path:
+        raise QemuError("qemu-system-arm not found on PATH: install qemu-system-arm "
+                        "(bash scripts/setup.sh does it)")
+    return path
+
+
+def command(board: Board, elf: str | Path, port: int, *, icount_shift: int | None = DEFAULT_SHIFT,
+            plugin: str | Path | None = None, markers: dict[str, int] | None = None,
+            plugin_out: str | Path | None = None, log: str | Path | None = None,
+            semihosting: bool = True) -> list[str]:
+    """The qemu-system-arm command line for ``board`` (its ``qemu`` table) running ``elf``."""
+    cmd = [qemu_binary(), "-M", board.qemu.machine, "-nographic", "-monitor", "none",
+           "-kernel", str(elf), "-no-reboot",
+           "-serial", f"tcp:127.0.0.1:{port},server=on,wait=on,nodelay=on"]
+    if icount_shift is not None:
+        cmd += ["-icount", f"shift={icount_shift},align=off,sleep=off"]
+    if semihosting:
+        cmd += ["-semihosting-config", "enable=on,target=native"]
+    if plugin is not None:
+        m = markers or {}
+        args = [f"{k}=0x{m['kiln_marker_' + k]:x}" for k in ("begin", "end", "mark")
+                if "kiln_marker_" + k in m]
+        if plugin_out is not None:
+            args.append(f"out={plugin_out}")
+        cmd += ["-plugin", ",".join([str(plugin), *args]), "-d", "plugin"]
+    if log is not None:
+        cmd += ["-D", str(log)]
+    cmd += list(board.qemu.extra_args)
+    return cmd
+
+
+_live: "weakref.WeakSet[Qemu]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for q in list(_live):
+        q.stop()
+
+
+class Qemu:
+    """One QEMU process running one image. ``image`` is a kiln.firmware.Image (or pass
+    ``elf=``/``board=``/``markers=`` directly)."""
+
+    def __init__(self, image=None, *, board: Board | None = None, elf: str | Path | None = None,
+                 markers: dict[str, int] | None = None, icount_shift: int | None = DEFAULT_SHIFT,
+                 plugin: bool | str | Path = True, workdir: str | Path | None = None,
+                 semihosting: bool | None = None):
+        self.board = board or image.board
+        self.elf = Path(elf or image.elf)
+        self.markers = markers if markers is not None else (image.markers if image else {})
+        self.icount_shift = icount_shift
+        self.semihosting = semihosting if semihosting is not None else (
+            image.semihosting if image is not None else True)
+        self._own_dir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="kiln-qemu-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log = self.workdir / "qemu.log"
+        self.icount_log = self.workdir / "icount.log"
+        self.stdout = self.workdir / "qemu.stdout"
+        self.stderr = self.workdir / "qemu.stderr"
+        if plugin is True:
+            from kiln.firmware import plugin_path
+            plugin = plugin_path()
+        self.plugin = Path(plugin) if plugin else None
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self._icount_pos = 0
+        self._icount_buf = ""
+        self.started_at = None
+        self._files = []
+
+    @property
+    def url(self) -> str:
+        return f"socket://127.0.0.1:{self.port}"
+
+    def start(self) -> "Qemu":
+        for _ in range(5):
+            self.port = free_port()
+            cmd = command(self.board, self.elf, self.port, icount_shift=self.icount_shift,
+                          plugin=self.plugin if self.markers else None, markers=self.markers,
+                          plugin_out=self.icount_log, log=self.log, semihosting=self.semihosting)
+            self.cmd = cmd
+            out = open(self.stdout, "wb")
+            err = open(self.stderr, "wb")
+            self._files = [out, err]
+            self.started_at = time.monotonic()
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+            _live.add(self)
+            if self._wait_listening(5.0):
+                return self
+            rc = self.proc.poll()
+            text = self.stderr.read_text(errors="replace")
+            self.stop()
+            if "Address already in use" not in text:
+                raise QemuError(f"QEMU did not start (exit {rc}):\n  {' '.join(cmd)}\n{text[-2000:]}")
+        raise QemuError("QEMU could not bind a free TCP port after 5 tries")
+
+    def _wait_listening(self, timeout: float) -> bool:
+        """QEMU listens before it runs the guest; wait for the socket (not connecting to it:
+        the one connection the server accepts belongs to the Device)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with open("/proc/net/tcp") as f:
+                    if any(f":{self.port:04X} " in line and " 0A " in line for line in f):
+                        return True
+            except OSError:
+                time.sleep(0.05)
+                return True
+            time.sleep(0.01)
+        return False
+
+    def device(self, **kw):
+        """A Device connected to this QEMU (instruction counts come from the plugin)."""
+        from .device import Device
+        if self.proc is None:
+            self.start()
+        kw.setdefault("log_path", str(self.stderr))
+        if self.plugin is not None and self.markers:
+            kw.setdefault("instruction_counter", self.next_window)
+        elif self.icount_shift is not None:
+            kw.setdefault("icount_fallback", self.ticks_to_instructions)
+        return Device.open(kw.pop("url", self.url), **kw)
+
+    def ticks_to_instructions(self, ticks: int) -> int:
+        """Fallback when the plugin is not available: under -icount shift=N each instruction
+        is 2^N ns of virtual time and SysTick counts at the board clock (docs/QEMU_BOARDS.md)."""
+        shift = self.icount_shift or 0
+        return round(ticks * 1e9 / (self.board.clock_hz * (1 << shift)))
+
+    def next_window(self, timeout: float) -> tuple[int, list[int]] | None:
+        """The next 'kiln-icount: window=' line from the plugin: (instructions, marks).
+        timeout=0 discards whatever is already there and returns None."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.icount_log.exists():
+                with open(self.icount_log) as f:
+                    f.seek(self._icount_pos)
+                    chunk = f.read()
+                    self._icount_pos = f.tell()
+                self._icount_buf += chunk
+            lines = self._icount_buf.split("\n")
+            self._icount_buf = lines.pop()
+            found = None
+            for line in lines:
+                if line.startswith("kiln-icount: window="):
+                    found = _parse_window(line)
+            if timeout == 0:
+                return None
+            if found is not None:
+                return found
+            if time.monotonic() >= deadline or (self.proc and self.proc.poll() is not None):
+                return None
+            time.sleep(0.005)
+
+    def wait(self, timeout: float = 10.0) -> int:
+        """Wait for QEMU to exit (e.g. after Device.exit()); returns its exit code."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise QemuError(f"QEMU still running after {timeout} s{self._logs()}") from None
+
+    def _logs(self) -> str:
+        return f" (stderr: {self.stderr}, log: {self.log})"
+
+    def stop(self) -> None:
+        p = self.proc
+        if p is not None and p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(2)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(2)
+        for f in self._files:
+            try:
+                f.close()
+            except Exception:
+                pass
+        self._files = []
+        _live.discard(self)
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def __enter__(self) -> "Qemu":
+        if self.proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __del__(self):
+        try:
+            self.stop()
+        except Exception:
+            pass
+
+
+def _parse_window(line: str) -> tuple[int, list[int]]:
+    fields = dict(kv.split("=", 1) for kv in line.split(":", 1)[1].split())
+    marks = [int(x) for x in fields.get("marks", "").split(",") if x]
+    return int(fields["insns"]), marks

@@ -1,0 +1,57 @@
+"""Locate (and build on demand) the QEMU instruction-count plugin, firmware/qemu_plugin/icount.c.
+
+scripts/setup.sh builds it into ``<venv>/share/kiln/libicount.so``; when that file is missing or
+older than the source, :func:`plugin_path` rebuilds it there (or under ~/.cache/kiln if the
+venv is read-only) with the host gcc.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .build import FIRMWARE_DIR, FirmwareError
+
+SOURCE = FIRMWARE_DIR / "qemu_plugin" / "icount.c"
+
+
+def _candidates() -> list[Path]:
+    env = os.environ.get("KILN_ICOUNT_PLUGIN")
+    out = [Path(env)] if env else []
+    out.append(Path(sys.prefix) / "share" / "kiln" / "libicount.so")
+    out.append(Path.home() / ".cache" / "kiln" / "libicount.so")
+    return out
+
+
+def _fresh(p: Path) -> bool:
+    return p.exists() and p.stat().st_mtime >= SOURCE.stat().st_mtime
+
+
+def plugin_path(build: bool = True) -> Path:
+    """Path of a libicount.so at least as new as its source; builds one if needed."""
+    cands = _candidates()
+    for p in cands:
+        if _fresh(p):
+            return p
+    if not build:
+        raise FirmwareError(f"QEMU plugin not built: run scripts/setup.sh (looked in "
+                            f"{', '.join(map(str, cands))})")
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if not cc:
+        raise FirmwareError("no host C compiler (gcc) to build the QEMU plugin")
+    errors = []
+    for target in cands[-2:]:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(f".{os.getpid()}.tmp")
+            cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(SOURCE)]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            if p.returncode != 0:
+                raise FirmwareError(f"building the QEMU plugin failed:\n  {' '.join(cmd)}\n{p.stderr}")
+            os.replace(tmp, target)
+            return target
+        except OSError as e:
+            errors.append(f"{target}: {e}")
+    raise FirmwareError("cannot write the QEMU plugin: " + "; ".join(errors))
