@@ -1,10 +1,23 @@
-"""Gradient checking with centered finite differences in float64."""
+"""Gradient checking with centered finite differences in float64.
+
+``check_grads(graph, inputs, order=1)`` differentiates the scalar objective ``sum(out * r)`` (``r`` a
+fixed random probe; a scalar output is used as is) and compares, for every ``wrt`` value and a few
+random directions ``d``, the analytic directional derivative ``<grad, d>`` with the centered
+difference ``(f(x + eps d) - f(x - eps d)) / (2 eps)``. ``order=2`` does the same for the scalar
+``<grad f, r2>``, so every VJP of the backward graph (second-order rules) is exercised.
+
+The error measure is relative: ``|a - b| / max(|a|, |b|, floor)`` where ``floor = 1e-6 * max(1,
+|f(x)|)`` is the size below which a float64 centered difference is noise (rounding in ``f`` divided
+by ``eps``). When the worst error exceeds ``tol``, every differentiable node's VJP is checked on its
+own (its recorded input values become the inputs of a one-node graph) and the worst one is blamed.
+"""
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
 
+from kiln.frontend.errors import GraphError
 from kiln.frontend.executor import run
 from kiln.frontend.graph import Graph
 from kiln.frontend.registry import NONDIFF, get_op
@@ -28,23 +41,36 @@ def to_float64(graph: Graph) -> Graph:
 
 @dataclasses.dataclass
 class GradCheck:
-    worst: dict          # wrt name -> worst relative error
-    blame: str | None    # node whose own VJP disagrees most with finite differences
+    worst: dict          # wrt name -> worst relative error over the directions tried
+    blame: str | None    # "node (op)" whose own VJP disagrees most with finite differences
     blame_error: float
     ok: bool
+    order: int = 1
+    blame_node: str | None = None
+    blame_op: str | None = None
+
+    @property
+    def max_error(self):
+        return max(self.worst.values(), default=0.0)
 
     def __str__(self):
-        lines = [f"{k}: worst relative error {v:.3g}" for k, v in self.worst.items()]
+        lines = [f"order-{self.order} gradient check: {'ok' if self.ok else 'FAILED'}"]
+        lines += [f"  {k}: worst relative error {v:.3g}" for k, v in self.worst.items()]
         if self.blame:
-            lines.append(f"node to blame: {self.blame} (local relative error {self.blame_error:.3g})")
+            lines.append(f"  node to blame: {self.blame} (its own VJP has relative error {self.blame_error:.3g})")
         return "\n".join(lines)
 
 
-def _rel(a, b):
-    return float(np.max(np.abs(a - b) / np.maximum(1.0, np.maximum(np.abs(a), np.abs(b))))) if np.size(a) else 0.0
+def _rel(a, b, floor):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if not np.size(a):
+        return 0.0
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        return 0.0 if np.array_equal(a, b) else float("inf")
+    return float(np.max(np.abs(a - b) / np.maximum(floor, np.maximum(np.abs(a), np.abs(b)))))
 
 
-def _directional_fd(graph, feeds, params, name, direction, eps, out):
+def _directional_fd(graph, feeds, params, name, direction, eps):
     def f(delta):
         p = dict(params)
         fd = dict(feeds)
@@ -52,54 +78,76 @@ def _directional_fd(graph, feeds, params, name, direction, eps, out):
             fd[name] = fd[name] + delta * direction
         else:
             p[name] = p[name] + delta * direction
-        return run(graph, feeds=fd, params=p, outputs=[out])[0]
+        return run(graph, feeds=fd, params=p)[0]
     return (f(eps) - f(-eps)) / (2 * eps)
 
 
-def check_grads(graph: Graph, inputs, wrt=None, order=1, eps=1e-6, tol=1e-6, directions=3, seed=0):
-    """Compare reverse-mode gradients with centered finite differences in float64.
+def _feeds(g64, inputs):
+    if isinstance(inputs, dict):
+        feeds = dict(inputs)
+    else:
+        inputs = list(inputs)
+        if len(inputs) > len(g64.inputs):
+            raise GraphError(f"check_grads: graph {g64.name!r} takes {len(g64.inputs)} inputs, got {len(inputs)}")
+        feeds = dict(zip(g64.inputs, inputs))
+    return {k: np.asarray(v, np.float64) if np.asarray(v).dtype.kind == "f" else np.asarray(v)
+            for k, v in feeds.items()}
 
-    ``inputs``: list or dict of input arrays. ``wrt``: names (default: float inputs and every
-    parameter). ``order=2`` checks the gradient of the gradient (via a random contraction).
-    Returns a :class:`GradCheck` with the worst relative error per ``wrt`` value and, when one
-    exceeds ``tol``, the node whose own VJP disagrees most with finite differences.
+
+def check_grads(graph: Graph, inputs, wrt=None, order=1, eps=1e-6, tol=1e-6, directions=3, seed=0,
+                blame=True) -> GradCheck:
+    """Compare reverse-mode gradients of ``graph``'s first output with centered finite differences
+    in float64.
+
+    ``inputs``: list (graph input order) or dict of arrays. ``wrt``: names of inputs/parameters
+    (default: every float input and every parameter). ``order``: 1 checks the gradient, 2 the
+    gradient of the gradient. Returns a :class:`GradCheck`: the worst relative error per ``wrt``
+    value and, when one exceeds ``tol`` (and ``blame``), the node whose own VJP disagrees most.
     """
-    from .reverse import grad, vjp
     from .forward import _contract
+    from .reverse import grad
     from kiln.frontend.tensor import Tensor
 
+    if order not in (1, 2):
+        raise ValueError(f"check_grads: order must be 1 or 2, got {order!r}")
     g64 = to_float64(graph)
     rng = np.random.default_rng(seed)
-    feeds = dict(zip(g64.inputs, inputs)) if not isinstance(inputs, dict) else dict(inputs)
-    feeds = {k: np.asarray(v, np.float64) if np.asarray(v).dtype.kind == "f" else np.asarray(v) for k, v in feeds.items()}
+    feeds = _feeds(g64, inputs)
     if wrt is None:
         wrt = [i for i in g64.inputs if g64.types[i].is_float] + list(g64.params)
-    out = g64.outputs[0]
+    wrt = list(wrt)
+    for w in wrt:
+        g64.kind(w)     # names an undefined value clearly
+    gs = _scalarize(g64, g64.outputs[0], rng)
     if order == 2:
-        # f2 = <grad f, r> for a fixed random r: its gradient exercises second-order VJPs
-        g1 = grad(_scalarize(g64, out, rng), wrt=wrt)
-        rs = [rng.standard_normal(g1.types[o].shape) for o in g1.outputs]
-        for k, (o, r) in enumerate(zip(list(g1.outputs), rs)):
-            g1.add_const(f"r_{k}", r)
-        s = _contract(g1, [(Tensor(g1, o), Tensor(g1, f"r_{k}")) for k, o in enumerate(g1.outputs)])
-        g1.outputs = [s.name]
-        return check_grads(g1, feeds, wrt, 1, eps, tol, directions, seed)
-    gs = _scalarize(g64, out, rng)
+        # f2 = <grad f, r2> for a fixed random r2: its gradient exercises every second-order VJP
+        g1 = grad(gs, wrt=wrt, name=f"grad_{graph.name}")
+        pairs = []
+        for o in list(g1.outputs):
+            r = g1.add_const(g1.fresh("probe2"), rng.standard_normal(g1.types[o].shape))
+            pairs.append((Tensor(g1, o), Tensor(g1, r)))
+        g1.outputs = [_contract(g1, pairs).name]
+        res = check_grads(g1, feeds, wrt, 1, eps, tol, directions, seed, blame)
+        res.order = 2
+        return res
     gg = grad(gs, wrt=wrt)
     params = gs.tensors()
     analytic = run(gg, feeds=feeds)
+    f0 = float(np.abs(run(gs, feeds=feeds)[0]))
+    floor = 1e-6 * max(1.0, f0)
     worst = {}
     for name, an in zip(wrt, analytic):
-        errs = []
+        errs = [0.0]
         for _ in range(directions):
             d = rng.standard_normal(an.shape)
-            fd = _directional_fd(gs, feeds, params, name, d, eps, gs.outputs[0])
-            errs.append(_rel(np.sum(an * d), fd))
+            fd = _directional_fd(gs, feeds, params, name, d, eps)
+            errs.append(_rel(np.sum(an * d), fd, floor))
         worst[name] = max(errs)
-    blame, berr = (None, 0.0)
-    if max(worst.values(), default=0.0) > tol:
-        blame, berr = _blame(g64, feeds, eps, rng)
-    return GradCheck(worst, blame, berr, max(worst.values(), default=0.0) <= tol)
+    bad = max(worst.values(), default=0.0) > tol
+    node = (None, None, 0.0)
+    if bad and blame:
+        node = _blame(g64, feeds, eps)
+    return GradCheck(worst, f"{node[0]} ({node[1]})" if node[0] else None, node[2], not bad, 1, node[0], node[1])
 
 
 def _scalarize(g64, out, rng):
@@ -108,7 +156,9 @@ def _scalarize(g64, out, rng):
     from kiln.frontend.tensor import Tensor
     g = g64.copy()
     t = g.types[out]
-    if t.size == 1 and t.shape == ():
+    if not t.is_float:
+        raise GraphError(f"check_grads: output {out!r} is {t}, not a float tensor")
+    if t.shape == ():
         g.outputs = [out]
         return g
     r = g.add_const(g.fresh("probe"), rng.standard_normal(t.shape))
@@ -116,30 +166,32 @@ def _scalarize(g64, out, rng):
     return g
 
 
-def _blame(g64, feeds, eps, rng):
-    """Check every differentiable node's VJP locally; return the worst (node, error)."""
-    from .reverse import vjp as vjp_graph
-    values, kept = run(g64, feeds=feeds, keep=[n.name for n in g64.nodes] + list(g64.inputs))
+def _blame(g64, feeds, eps):
+    """Check every differentiable node's VJP on its own; return the worst (node, op, error).
+    A VJP that raises is blamed with an infinite error."""
+    _, kept = run(g64, feeds=feeds, keep=[n.name for n in g64.nodes] + list(g64.inputs))
     tensors = g64.tensors()
-    worst = (None, 0.0)
+    worst = (None, None, 0.0)
     for n in g64.nodes:
         op = get_op(n.op)
         if NONDIFF in op.props or not g64.types[n.name].is_float:
             continue
+        xs = [kept[i] if i in kept else tensors[i] for i in n.inputs]
+        fwrt = [f"in{k}" for k, v in enumerate(xs) if np.asarray(v).dtype.kind == "f"]
+        if not fwrt:
+            continue
         local = Graph(f"local_{n.name}")
-        xs = []
-        for k, i in enumerate(n.inputs):
-            v = kept.get(i, tensors.get(i))
+        for k, v in enumerate(xs):
             local.add_input(f"in{k}", TensorType.of(v))
-            xs.append(v)
         local.add_node(n.op, [f"in{k}" for k in range(len(xs))], n.attrs, name="y")
         local.outputs = ["y"]
-        fwrt = [f"in{k}" for k, v in enumerate(xs) if np.asarray(v).dtype.kind == "f"]
         try:
-            res = check_grads(local, xs, wrt=fwrt, eps=eps, directions=1, tol=np.inf)
-        except Exception:
-            continue
-        e = max(res.worst.values(), default=0.0)
-        if e > worst[1]:
-            worst = (f"{n.name} ({n.op})", e)
+            res = check_grads(local, xs, wrt=fwrt, eps=eps, directions=2, tol=np.inf, blame=False)
+            e = res.max_error
+        except NotImplementedError:
+            raise
+        except Exception:   # a VJP that cannot even build or run its graph is the culprit
+            e = float("inf")
+        if e > worst[2]:
+            worst = (n.name, n.op, e)
     return worst

@@ -2,6 +2,8 @@
 primitives) to the graph its operands belong to."""
 from __future__ import annotations
 
+import builtins
+
 import numpy as np
 
 from .tensor import Tensor, as_tensor, constant, current_graph  # noqa: F401
@@ -25,11 +27,6 @@ def emit(op, inputs, **attrs) -> Tensor:
     like = next((a for a in inputs if isinstance(a, Tensor)), None)
     ts = [as_tensor(a, like=like, graph=g) for a in inputs]
     return Tensor(g, g.add_node(op, [t.name for t in ts], attrs))
-
-
-def _float_like(x, other):
-    """Python scalars adopt the float dtype of the tensor operand."""
-    return x
 
 
 def _bin(op):
@@ -80,7 +77,8 @@ def cast(x, dtype):
 
 
 def abs(x):
-    return where(x >= 0.0, x, -x)
+    """|x| as relu(x) + relu(-x): the gradient at 0 is 0, as torch.abs (sign(0) = 0)."""
+    return relu(x) + relu(neg(x))
 
 
 def square(x):
@@ -198,7 +196,7 @@ def getitem(x, idx):
             b, e, s = i.indices(n)
             if s <= 0:
                 raise TraceError("negative slice steps are not supported")
-            begin.append(b), end.append(max(b, e)), strides.append(s)
+            begin.append(b), end.append(builtins.max(b, e)), strides.append(s)
         else:
             raise TraceError(f"unsupported index {i!r}")
     y = slice(x, begin, end, strides)

@@ -229,6 +229,7 @@ class Graph:
         g.types = dict(self.types)
         g.updates = dict(self.updates)
         g.meta = dict(self.meta)
+        g._producer = {n.name: n for n in g.nodes}
         return g
 
     def __repr__(self):

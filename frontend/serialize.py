@@ -81,16 +81,23 @@ def load(path) -> Graph:
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise SerializationError(f"{jpath}: not a Kiln graph file (no 'format': '{FORMAT}' header)")
     v = d.get("version")
-    if not isinstance(v, int) or v > FORMAT_VERSION:
-        raise SerializationError(f"{jpath}: format version {v!r} is newer than this Kiln reads "
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise SerializationError(f"{jpath}: invalid format version {v!r} (expected an integer 1..{FORMAT_VERSION})")
+    if v > FORMAT_VERSION:
+        raise SerializationError(f"{jpath}: format version {v} is newer than this Kiln reads "
                                  f"({FORMAT_VERSION}); upgrade Kiln")
-    tfile = os.path.join(os.path.dirname(jpath), d.get("tensors", {}).get("file", os.path.basename(npath)))
+    tinfo = d.get("tensors", {})
+    if not isinstance(tinfo, dict) or not isinstance(d.get("params"), list) or not isinstance(d.get("consts"), list):
+        raise SerializationError(f"{jpath}: malformed graph header ('tensors', 'params' and 'consts' missing "
+                                 f"or of the wrong type)")
+    # the tensor file always lies next to the JSON file (a path in the header is not followed)
+    tfile = os.path.join(os.path.dirname(jpath), os.path.basename(str(tinfo.get("file", npath))))
     try:
         with open(tfile, "rb") as f:
             blob = f.read()
     except FileNotFoundError:
         raise SerializationError(f"{jpath}: tensor file {tfile} is missing") from None
-    want = d.get("tensors", {}).get("sha256")
+    want = tinfo.get("sha256")
     if want and hashlib.sha256(blob).hexdigest() != want:
         raise SerializationError(f"{tfile}: checksum mismatch (corrupt or from another save of {jpath})")
     try:
@@ -100,7 +107,9 @@ def load(path) -> Graph:
         raise SerializationError(f"{tfile}: corrupt tensor file ({type(e).__name__}: {e})") from None
     try:
         return from_dict(d, arrays)
-    except (KeyError, TypeError, ValueError) as e:
+    except SerializationError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, KilnError) as e:
         raise SerializationError(f"{jpath}: malformed graph ({type(e).__name__}: {e})") from None
 
 

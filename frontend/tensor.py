@@ -191,9 +191,15 @@ def as_tensor(x, like: Tensor | None = None, graph: Graph | None = None) -> Tens
     if isinstance(x, (Parameter, Buffer)):
         return _bind_tensor(g, x)
     if isinstance(x, (bool, int, float, np.number)) or (isinstance(x, np.ndarray) and x.ndim == 0 and like is not None):
-        dtype = like.dtype if like is not None and like.dtype in FLOAT_DTYPES else "float32"
-        if like is not None and isinstance(x, (bool, np.bool_)) and like.dtype == "bool":
-            dtype = "bool"
+        dtype = "float32"
+        if like is not None:
+            if like.dtype in FLOAT_DTYPES:
+                dtype = like.dtype
+            elif like.dtype == "bool" and isinstance(x, (bool, np.bool_)):
+                dtype = "bool"
+            elif (like.dtype != "bool" and isinstance(x, (int, np.integer))
+                  and not isinstance(x, (bool, np.bool_))):
+                dtype = like.dtype      # int tensor op int literal stays in the tensor's dtype
         return constant(np.asarray(x, dtype=dtype), g)
     if isinstance(x, np.ndarray):
         dtype_of(x)
