@@ -1,0 +1,269 @@
+"""Host CPU backend: Kiln float graphs (inference and training-step graphs) compiled with TVM's
+LLVM target and run with the Relax VM.
+
+Pipeline (each step a named pass, see ``PIPELINE``):
+  to_relax        one ``emit_te`` per node with the TE rules of backends/tvm_te.py
+  legalize+fuse   Relax LegalizeOps, AnnotateTIROpPattern, FuseOps, FuseTIR (epilogues fuse)
+  schedule_cpu    a generic CPU schedule on every fused PrimFunc: inline producers/epilogues,
+                  parallelise the outer spatial loops, vectorise the innermost loop when it is
+                  contiguous and evenly divisible
+  lower+build     the Relax CPU lowering (static memory planning of intermediates) and
+                  ``relax.build`` for ``llvm -mcpu=<host>``
+
+Compiled modules are cached on disk (``$KILN_CACHE`` or ``~/.cache/kiln``) as shared libraries
+keyed by a hash of the graph *structure* (types, nodes, folded scalar literals, target), never of
+parameter values: retraining or loading new weights reuses the cache.
+
+    cg = compile(graph)            # CompiledGraph
+    outs = cg(x, params={...})     # list of np.ndarray, in graph.outputs order
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from kiln.frontend.errors import GraphError, KilnError
+from kiln.frontend.executor import prepare_feeds
+from kiln.frontend.graph import Graph
+from kiln.frontend.types import np_dtype
+
+from . import tvm_te
+
+SCHEDULE_VERSION = 3   # bump when the schedule changes: it is part of the cache key
+
+
+def host_target(num_threads=None):
+    import tvm
+    from tvm.target import codegen
+    d = {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "fast-math-reassoc": True,
+         "fast-math-contract": True}
+    if num_threads:
+        d["num-cores"] = int(num_threads)
+    return tvm.target.Target(d)
+
+
+def cache_dir():
+    d = os.environ.get("KILN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
+    d = os.path.join(d, "host-llvm")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+# ---- schedule ---------------------------------------------------------------------------------
+def _iter_kinds(sch, block):
+    return [int(iv.iter_type) for iv in sch.get(block).iter_vars]   # 0 spatial, 2 reduction
+
+
+def _try(f, *a, **k):
+    try:
+        return f(*a, **k)
+    except Exception:   # a primitive that does not apply to this block: keep the block as it is
+        return None
+
+
+def schedule_cpu_func(func, target):
+    """Generic CPU schedule for one PrimFunc (any number of blocks)."""
+    from tvm import s_tir
+    sch = s_tir.Schedule(func)
+    root = sch.get_sblock("root") if _has_root(sch) else None
+    blocks = sch.get_child_blocks(root) if root is not None else []
+    # 1. inline spatial producers (constant stages, pads, casts) and epilogues into their neighbours
+    for b in list(blocks)[:-1]:
+        if all(k == 0 for k in _iter_kinds(sch, b)):
+            _try(sch.compute_inline, b)
+    for b in reversed(list(sch.get_child_blocks(root))):
+        if all(k == 0 for k in _iter_kinds(sch, b)) and len(sch.get_child_blocks(root)) > 1:
+            _try(sch.reverse_compute_inline, b)
+    vec = 16
+    for b in sch.get_child_blocks(root):
+        loops = sch.get_loops(b)
+        kinds = _iter_kinds(sch, b)
+        if len(loops) != len(kinds) or not loops:
+            continue
+        ns = sum(1 for k in kinds if k == 0)
+        if any(k not in (0, 2) for k in kinds) or kinds[:ns] != [0] * ns:
+            continue
+        extents = [int(sch.get(lp).extent) for lp in loops]
+        if ns == len(loops):
+            # spatial: fuse everything, split off a vector lane, parallelise the rest
+            fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+            total = int(np.prod(extents))
+            if total >= 1024 and total % vec == 0:
+                o, i = sch.split(fused, [None, vec])
+                _try(sch.vectorize, i)
+                sch.parallel(o)
+            elif total >= 256:
+                sch.parallel(fused)
+            continue
+        # reduction: parallelise the outer spatial loops (all but the innermost spatial one)
+        if ns >= 2:
+            outer = sch.fuse(*loops[:ns - 1]) if ns > 2 else loops[0]
+            sch.parallel(outer)
+        elif ns == 1 and extents[0] >= 64:
+            sch.parallel(loops[0])
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def _has_root(sch):
+    try:
+        sch.get_sblock("root")
+        return True
+    except Exception:
+        return False
+
+
+def schedule_cpu_pass(target):
+    import tvm
+
+    @tvm.transform.module_pass(opt_level=0, name="KilnScheduleCPU")
+    def _pass(mod, _ctx):
+        updates = {}
+        for gv, f in mod.functions.items():
+            if isinstance(f, tvm.tirx.PrimFunc) and not (f.attrs and f.attrs.get("tirx.is_scheduled")):
+                try:
+                    updates[gv] = schedule_cpu_func(f, target)
+                except Exception:   # an unusual PrimFunc: leave it unscheduled (correct, slower)
+                    pass
+        for gv, f in updates.items():
+            mod[gv] = f
+        return mod
+    return _pass
+
+
+def pipeline(target):
+    """The host pipeline as a Relax pass: CPU legalisation + fusion, our schedule, CPU lowering."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    @tvm.transform.module_pass(opt_level=0, name="KilnHostPipeline")
+    def _pipeline(mod, _ctx):
+        with target:
+            seq = tvm.transform.Sequential(cpu.library_dispatch_passes(target) + cpu.legalize_passes(target)
+                                           + [relax.transform.DeadCodeElimination(), schedule_cpu_pass(target)]
+                                           + cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target))
+            return seq(mod)
+    return _pipeline
+
+
+PIPELINE = ["to_relax", "legalize+fuse", "schedule_cpu", "lower+build"]
+
+
+# ---- compile / run ----------------------------------------------------------------------------
+class CompiledGraph:
+    """A graph compiled for the host CPU. ``cg(*inputs, params=None, feeds=None)`` returns the
+    outputs as NumPy arrays; ``params`` overrides parameters or (non-folded) constants by name."""
+
+    def __init__(self, graph: Graph, lib_path: str, with_updates=False, num_threads=None, build_seconds=0.0,
+                 cached=False):
+        import tvm
+        from tvm import relax
+        self.graph = graph
+        self.lib_path = lib_path
+        self.with_updates = with_updates
+        self.build_seconds = build_seconds
+        self.cached = cached
+        self.arg_names = tvm_te.runtime_args(graph)
+        self.folded = tvm_te.folded_consts(graph)
+        self.dev = tvm.cpu()
+        self._lib = tvm.runtime.load_module(lib_path)
+        self.vm = relax.VirtualMachine(self._lib, self.dev)
+        self._main = self.vm["main"]
+        self._tensors = {}
+        self._set_tensors(graph.tensors())
+        if num_threads:
+            set_num_threads(num_threads)
+
+    def _to_dev(self, name, value):
+        import tvm
+        t = self.graph.types[name]
+        v = np.ascontiguousarray(np.asarray(value), dtype=np_dtype(t.dtype))
+        if v.shape != t.shape:
+            raise GraphError(f"{name!r}: expected shape {t.shape}, got {v.shape}")
+        return tvm.runtime.tensor(v, self.dev)
+
+    def _set_tensors(self, tensors):
+        for k, v in tensors.items():
+            if k in self.folded:
+                if not np.array_equal(np.asarray(v), np.asarray(self.folded[k])):
+                    raise KilnError(f"constant {k!r} was folded into the compiled module as "
+                                    f"{np.asarray(self.folded[k]).ravel()[0]!r}; recompile the graph with the new value")
+                continue
+            self._tensors[k] = self._to_dev(k, v)
+
+    def set_params(self, params):
+        """Upload new parameter/constant values (kept for later calls)."""
+        unknown = set(params) - set(self.graph.params) - set(self.graph.consts)
+        if unknown:
+            raise GraphError(f"graph {self.graph.name!r} has no parameter or constant {sorted(unknown)}")
+        self._set_tensors(params)
+
+    def run_tvm(self, *inputs, feeds=None, params=None):
+        """Like ``__call__`` but returns TVM tensors (no copy back)."""
+        if params:
+            self.set_params(params)
+        env = prepare_feeds(self.graph, inputs, feeds)
+        args = [self._to_dev(n, env[n]) if n in env else self._tensors[n] for n in self.arg_names]
+        return self._main(*args)
+
+    def __call__(self, *inputs, feeds=None, params=None):
+        res = self.run_tvm(*inputs, feeds=feeds, params=params)
+        return [r.numpy() for r in res]
+
+    def run_updates(self, *inputs, **kw):
+        """(outputs, {buffer: new value}) for graphs compiled with ``with_updates=True``."""
+        if not self.with_updates:
+            raise KilnError("compile(graph, with_updates=True) to get buffer updates")
+        res = self(*inputs, **kw)
+        n = len(self.graph.outputs)
+        return res[:n], dict(zip(self.graph.updates, res[n:]))
+
+    def __repr__(self):
+        return f"<CompiledGraph {self.graph.name!r} host-llvm {os.path.basename(self.lib_path)}>"
+
+
+def set_num_threads(n):
+    """Threads of TVM's CPU thread pool (like torch.set_num_threads)."""
+    import tvm
+    os.environ["TVM_NUM_THREADS"] = str(int(n))
+    f = tvm.get_global_func("runtime.config_threadpool", allow_missing=True)
+    if f is not None:
+        f(-1, int(n))   # -1: big cores first, as many as asked
+
+
+def build_module(graph: Graph, target=None, with_updates=False):
+    """Build the Relax executable (no cache)."""
+    from tvm import relax
+    target = target or host_target()
+    mod = tvm_te.to_relax(graph, with_updates=with_updates)
+    return relax.build(mod, target=target, relax_pipeline=pipeline(target))
+
+
+def compile(graph: Graph, *, cache=True, with_updates=False, num_threads=None, target=None) -> CompiledGraph:
+    """Compile a float Kiln graph for the host CPU. Raises NotImplementedError naming the node
+    and op when an op has no TE definition."""
+    graph.validate()
+    tvm_te.check_lowerable(graph, "host-llvm")
+    target = target or host_target()
+    key = tvm_te.graph_signature(graph, extra={"target": str(target), "schedule": SCHEDULE_VERSION,
+                                               "updates": with_updates})
+    path = os.path.join(cache_dir(), f"{_stem(graph.name)}-{key}.so")
+    if cache and os.path.exists(path):
+        return CompiledGraph(graph, path, with_updates, num_threads, 0.0, cached=True)
+    t0 = time.time()
+    ex = build_module(graph, target, with_updates)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
+    os.close(fd)
+    ex.export_library(tmp)
+    if cache:
+        os.replace(tmp, path)   # atomic: concurrent compiles of one graph never see half a file
+    else:
+        path = tmp
+    return CompiledGraph(graph, path, with_updates, num_threads, time.time() - t0, cached=False)
+
+
+def _stem(name):
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:40] or "graph"
