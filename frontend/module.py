@@ -102,11 +102,16 @@ class Module:
                 continue
             yield from _children(v, k)
 
-    def named_modules(self, prefix=""):
+    def named_modules(self, prefix="", _memo=None):
+        """(dotted name, module) pairs, this module first; a module reachable twice is listed once."""
+        memo = set() if _memo is None else _memo
+        if id(self) in memo:
+            return
+        memo.add(id(self))
         yield prefix, self
         for name, v in self._direct():
             if isinstance(v, Module):
-                yield from v.named_modules(f"{prefix}.{name}" if prefix else name)
+                yield from v.named_modules(f"{prefix}.{name}" if prefix else name, memo)
 
     def modules(self):
         return [m for _, m in self.named_modules()]
@@ -135,6 +140,14 @@ class Module:
 
     def eval(self):
         return self.train(False)
+
+    def to(self, dtype):
+        """Cast every float parameter and buffer to ``dtype`` in place (e.g. 'float64' for gradient
+        checks); returns self."""
+        for _, p in self.named_parameters() + self.named_buffers():
+            if p.data.dtype.kind == "f":
+                p.data = p.data.astype(dtype)
+        return self
 
     def state_dict(self):
         d = OrderedDict()
@@ -333,11 +346,6 @@ class Sequential(Module):
 
     def __len__(self):
         return len(self.layers)
-
-    def named_modules(self, prefix=""):
-        yield prefix, self
-        for i, m in enumerate(self.layers):
-            yield from m.named_modules(f"{prefix}.{i}" if prefix else str(i))
 
     def _direct(self):
         for i, m in enumerate(self.layers):

@@ -391,3 +391,41 @@ def test_report_worst_fd_error():
         k = max(WORST, key=WORST.get)
         print(f"\nworst FD relative error over {len(WORST)} cases: {WORST[k]:.3g} ({k})")
         assert WORST[k] < FD_TOL
+
+
+# ---- second order: grad-of-grad for every differentiable case ----------------------------------------
+def _torch_double_backward(c, arrays, u, rs):
+    tin = _torch_inputs(arrays)
+    tw = [t for t in tin if t.requires_grad]
+    y = c.tfn(*tin)
+    g1 = torch.autograd.grad(y, tw, torch.tensor(u), create_graph=True, allow_unused=True)
+    s = sum((g * torch.tensor(r)).sum() for g, r in zip(g1, rs) if g is not None and g.requires_grad)
+    if not torch.is_tensor(s):
+        return [np.zeros(t.shape) for t in tw]
+    g2 = torch.autograd.grad(s, tw, allow_unused=True)
+    return [np.zeros(t.shape) if g is None else g.numpy(force=True) for g, t in zip(g2, tw)]
+
+
+@pytest.mark.parametrize("c", GRAD_CASES, ids=lambda c: c.id)
+def test_grad_of_grad_matches_torch_and_fd(c):
+    """d/dx <vjp(u), r> against torch double backward, and check_grads(order=2) against FD."""
+    from kiln.autodiff import grad
+    from kiln.autodiff.forward import _contract
+    from kiln.frontend.tensor import Tensor
+
+    arrays = c.arrays()
+    g, feeds = _kiln(c, arrays)
+    wrt = [n for n, a in zip(g.inputs, arrays) if np.asarray(a).dtype.kind == "f"]
+    rng = np.random.default_rng(2)
+    u = rng.standard_normal(g.types[g.outputs[0]].shape)
+    rs = [rng.standard_normal(g.types[w].shape) for w in wrt]
+    gv = vjp(g, wrt=wrt)
+    pairs = [(Tensor(gv, o), Tensor(gv, gv.add_const(gv.fresh("r"), r))) for o, r in zip(gv.outputs, rs)]
+    gv.outputs = [_contract(gv, pairs).name]
+    gg = grad(gv, wrt=wrt)
+    got = kf.run(gg, *feeds, u)
+    want = _torch_double_backward(c, arrays, u, rs)
+    for name, a, b in zip(wrt, got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9, err_msg=f"d2/d{name}")
+    res = check_grads(g, feeds, order=2, tol=FD_TOL)
+    assert res.ok, f"{c.id}:\n{res}"
