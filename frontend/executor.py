@@ -68,11 +68,16 @@ def run(graph: Graph, *args, feeds=None, params=None, check=False, stats: RunSta
         for k, v in params.items():
             if k not in tensors:
                 raise GraphError(f"graph {graph.name!r} has no parameter or constant {k!r}")
+            v = np.asarray(v)
+            if v.shape != graph.types[k].shape:
+                raise GraphError(f"override of {k!r}: expected shape {graph.types[k].shape}, got {v.shape}")
             tensors[k] = v
     want = list(outputs if outputs is not None else graph.outputs)
     last = graph.last_use()
     for w in list(want) + list(keep):
         last[w] = len(graph.nodes)
+    for name in [n for n in env if n not in last]:     # inputs nothing reads are dropped at once
+        del env[name]
     live = sum(v.nbytes for v in env.values())
     peak = live
     for k, node in enumerate(graph.nodes):
@@ -84,10 +89,12 @@ def run(graph: Graph, *args, feeds=None, params=None, check=False, stats: RunSta
             else:
                 xs.append(tensors[i])
         try:
-            if opdef.int8_ref is not None and _is_quantized(graph, node):
-                y = opdef.int8_ref(xs, node.attrs, [graph.types[i] for i in node.inputs], graph.types[node.name])
-            else:
-                y = opdef.rule("ref")(xs, node.attrs)
+            # NaN/Inf are values like any other here; check=True is the way to stop at the first
+            with np.errstate(all="ignore"):
+                if opdef.int8_ref is not None and _is_quantized(graph, node):
+                    y = opdef.int8_ref(xs, node.attrs, [graph.types[i] for i in node.inputs], graph.types[node.name])
+                else:
+                    y = opdef.rule("ref")(xs, node.attrs)
         except NotImplementedError:
             raise
         except (GraphError, NumericsError):

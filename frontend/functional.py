@@ -6,7 +6,7 @@ import builtins
 
 import numpy as np
 
-from .tensor import Tensor, as_tensor, constant, current_graph  # noqa: F401
+from .tensor import Tensor, as_tensor, constant, current_graph, user_location  # noqa: F401
 from .errors import TraceError
 from .types import FLOAT_DTYPES
 
@@ -56,7 +56,7 @@ relu, relu6, logical_not = _un("relu"), _un("relu6"), _un("logical_not")
 
 def pow(x, exponent):
     if isinstance(exponent, Tensor):
-        raise TraceError("pow: the exponent must be a Python number (pow by a constant)")
+        raise TraceError(f"pow at {user_location()}: the exponent must be a Python number (pow by a constant)")
     return emit("pow", [x], exponent=float(exponent))
 
 
@@ -64,7 +64,7 @@ def where(cond, a, b):
     g = _graph_of([cond, a, b])
     like = next((t for t in (a, b) if isinstance(t, Tensor)), None)
     if like is None:
-        raise TraceError("where: a or b must be a traced tensor")
+        raise TraceError(f"where at {user_location()}: a or b must be a traced tensor")
     a, b = as_tensor(a, like=like, graph=g), as_tensor(b, like=like, graph=g)
     return emit("where", [cond, a, b])
 
@@ -186,7 +186,8 @@ def getitem(x, idx):
         i = idx[ax] if ax < len(idx) else np.s_[:]
         n = x.shape[ax]
         if isinstance(i, Tensor):
-            raise TraceError("indexing with a traced tensor is not supported; use kiln.where")
+            raise TraceError(f"use as an index of traced value {i.name!r} at {user_location()}: the index is not "
+                             f"known while tracing; use a static index or kiln.where")
         if isinstance(i, (int, np.integer)):
             i = int(i) + (n if i < 0 else 0)
             if not 0 <= i < n:
@@ -195,10 +196,10 @@ def getitem(x, idx):
         elif isinstance(i, type(np.s_[:])):
             b, e, s = i.indices(n)
             if s <= 0:
-                raise TraceError("negative slice steps are not supported")
+                raise TraceError(f"negative slice steps are not supported (at {user_location()})")
             begin.append(b), end.append(builtins.max(b, e)), strides.append(s)
         else:
-            raise TraceError(f"unsupported index {i!r}")
+            raise TraceError(f"unsupported index {i!r} at {user_location()}: use ints, slices and ...")
     y = slice(x, begin, end, strides)
     if drop:
         y = reshape(y, [s for a, s in enumerate(y.shape) if a not in drop])

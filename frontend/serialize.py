@@ -12,7 +12,7 @@ import zipfile
 
 import numpy as np
 
-from .errors import GraphError, KilnError, SerializationError, ShapeError
+from .errors import GraphError, KilnError, LimitError, SerializationError, ShapeError
 from .graph import Graph, Node
 from .types import TensorType
 
@@ -78,6 +78,8 @@ def load(path) -> Graph:
         raise SerializationError(f"{jpath}: no such graph file") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SerializationError(f"{jpath}: not a Kiln graph file (corrupt JSON: {e})") from None
+    except RecursionError:
+        raise SerializationError(f"{jpath}: not a Kiln graph file (JSON nested too deeply)") from None
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise SerializationError(f"{jpath}: not a Kiln graph file (no 'format': '{FORMAT}' header)")
     v = d.get("version")
@@ -107,7 +109,7 @@ def load(path) -> Graph:
         raise SerializationError(f"{tfile}: corrupt tensor file ({type(e).__name__}: {e})") from None
     try:
         return from_dict(d, arrays)
-    except SerializationError:
+    except (SerializationError, LimitError):
         raise
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, KilnError) as e:
         raise SerializationError(f"{jpath}: malformed graph ({type(e).__name__}: {e})") from None
