@@ -190,7 +190,7 @@ class _Importer:
         if ns > 1:
             if not 0 <= axis < len(shape) or shape[axis] != ns:
                 raise self.err(f"{where} ({tname!r}): {ns} per-channel scales on axis {axis} of shape {list(shape)}")
-            return QParams(tuple(float(s) for s in scales), tuple(int(z) for z in zps), axis)
+            return QParams(tuple(scales.astype(np.float64).tolist()), tuple(zps.tolist()), axis)
         return QParams((float(scales[0]),), (int(zps[0]),), None)
 
     def _buffer_data(self, bidx, nb, where, tname, shape, dtype):
