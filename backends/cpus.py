@@ -1,0 +1,46 @@
+"""Compilation targets of the C backend: which schedules a core gets and how gcc builds for it.
+
+``dsp``: the core has the Armv7E-M/Armv8-M DSP extension (SXTB16/SMLAD): conv, depthwise and
+dense use the dual 16-bit MAC dot products of ``kiln_intrinsics.h``. ``host`` builds the same C
+(with the portable versions of the intrinsics) with the host compiler.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from kiln.frontend.errors import KilnError
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetSpec:
+    name: str
+    dsp: bool
+    cflags: tuple = ()            # arm-none-eabi-gcc flags ("" for host)
+    float_hw: bool = False
+
+    @property
+    def is_host(self):
+        return self.name == "host"
+
+
+_M = ("-mthumb",)
+TARGETS = {t.name: t for t in [
+    TargetSpec("host", dsp=True),
+    TargetSpec("cortex-m0plus", dsp=False, cflags=("-mcpu=cortex-m0plus", *_M, "-mfloat-abi=soft")),
+    TargetSpec("cortex-m3", dsp=False, cflags=("-mcpu=cortex-m3", *_M, "-mfloat-abi=soft")),
+    TargetSpec("cortex-m4", dsp=True, cflags=("-mcpu=cortex-m4", *_M, "-mfpu=fpv4-sp-d16", "-mfloat-abi=hard"),
+               float_hw=True),
+    TargetSpec("cortex-m7", dsp=True, cflags=("-mcpu=cortex-m7", *_M, "-mfpu=fpv5-d16", "-mfloat-abi=hard"),
+               float_hw=True),
+    TargetSpec("cortex-m33", dsp=True, cflags=("-mcpu=cortex-m33", *_M, "-mfpu=fpv5-sp-d16", "-mfloat-abi=hard"),
+               float_hw=True),
+    TargetSpec("cortex-m55", dsp=True, cflags=("-mcpu=cortex-m55", *_M, "-mfloat-abi=hard"), float_hw=True),
+]}
+
+
+def get(name) -> TargetSpec:
+    if isinstance(name, TargetSpec):
+        return name
+    if name not in TARGETS:
+        raise KilnError(f"unknown C backend target {name!r}; known: {', '.join(TARGETS)}")
+    return TARGETS[name]

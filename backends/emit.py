@@ -1,0 +1,104 @@
+"""Write the C package (docs/c_package.md) from kernels, constants and the memory plan with the
+jinja2 templates in ``backends/templates``."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import jinja2
+import numpy as np
+
+import kiln
+
+HERE = os.path.dirname(__file__)
+_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(HERE, "templates")),
+                          keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+
+CTYPES = {"int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t", "int32": "int32_t", "uint32": "uint32_t",
+          "float32": "float"}
+
+
+def c_ident(s):
+    out = "".join(ch if ch.isalnum() else "_" for ch in str(s))
+    return out if out and not out[0].isdigit() else "v" + out
+
+
+def c_array_body(arr, per_line=16):
+    a = np.asarray(arr).ravel()
+    if a.dtype == np.float32:
+        items = [_cfloat(v) for v in a]
+    else:
+        items = [str(int(v)) if not (a.dtype == np.int32 and int(v) == -2**31) else "(-2147483647 - 1)" for v in a]
+    if not items:
+        items = ["0"]
+    lines = ["    " + ", ".join(items[i:i + per_line]) + "," for i in range(0, len(items), per_line)]
+    return "\n".join(lines)
+
+
+def _cfloat(v):
+    v = float(v)
+    if np.isnan(v):
+        return "(0.0f/0.0f)"
+    if np.isinf(v):
+        return "(1.0f/0.0f)" if v > 0 else "(-1.0f/0.0f)"
+    s = repr(float(np.float32(v)))
+    if "e" not in s and "." not in s:
+        s += ".0"
+    return s + "f"
+
+
+def _ptr_cast(dtype, const):
+    return f"({'const ' if const else ''}{CTYPES[dtype]} *)"
+
+
+def render(out_dir, *, model_name, target, kernels, commands, consts, plan, inputs, outputs,
+           schedule, write_extras=True):
+    os.makedirs(out_dir, exist_ok=True)
+    import tvm
+    ctx = dict(version=kiln.__version__, target=target, model=model_name, tvm_version=tvm.__version__)
+    max_io = max([len(c["offs"]) for c in commands] + [1])
+    max_data = max([len(c["data"]) for c in commands] + [1])
+    kern_ctx = []
+    for k in kernels:
+        call = []
+        io = data = 0
+        for p, a in zip(k.cparams, k.args):
+            if a.kind == "const":
+                call.append(f"{_ptr_cast(a.dtype, True)}c->data[{data}]")
+                data += 1
+            else:
+                call.append(f"{_ptr_cast(a.dtype, p.const)}(arena + c->off[{io}])")
+                io += 1
+        kern_ctx.append(dict(name=k.name, covers=", ".join(f"{n} ({o})" for n, o in zip(k.nodes, k.ops)),
+                             source=k.source.rstrip(), call=", ".join(call)))
+    cmd_ctx = []
+    for c in commands:
+        offs = list(c["offs"]) + [0] * (max_io - len(c["offs"]))
+        data = list(c["data"]) + ["NULL"] * (max_data - len(c["data"]))
+        cmd_ctx.append(dict(name=c["name"], ops=c["ops"], kernel=c["kernel"], macs=c["macs"],
+                            offs=", ".join(f"{o}u" for o in offs), data=", ".join(data)))
+    const_ctx = [dict(ctype=CTYPES[str(arr.dtype)], cname=cname, count=max(1, arr.size), desc=desc,
+                      body=c_array_body(arr)) for cname, arr, desc in consts]
+    weight_bytes = int(sum(arr.nbytes for _, arr, _ in consts))
+    files = {
+        "model.h": _ENV.get_template("model.h.j2").render(
+            **ctx, inputs=inputs, outputs=outputs, arena_bytes=plan.arena_bytes, strategy=plan.strategy,
+            drawing=plan.drawing(width=64).splitlines(), commands=commands,
+            input_bytes=sum(t["bytes"] for t in inputs), output_bytes=sum(t["bytes"] for t in outputs)),
+        "kiln_cmd.h": _ENV.get_template("kiln_cmd.h.j2").render(max_io=max_io, max_data=max_data,
+                                                                num_kernels=len(kernels)),
+        "model.c": _ENV.get_template("model.c.j2").render(**ctx, consts=const_ctx, commands=cmd_ctx,
+                                                          weight_bytes=weight_bytes, inputs=inputs, outputs=outputs),
+        "kernels.c": _ENV.get_template("kernels.c.j2").render(**ctx, kernels=kern_ctx, schedule=schedule),
+    }
+    for name, text in files.items():
+        with open(os.path.join(out_dir, name), "w") as f:
+            f.write(text)
+    shutil.copy(os.path.join(HERE, "include", "kiln_intrinsics.h"), os.path.join(out_dir, "kiln_intrinsics.h"))
+    return weight_bytes
+
+
+def write_manifest(out_dir, manifest):
+    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)

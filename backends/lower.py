@@ -1,0 +1,260 @@
+"""Lower fused groups of graph nodes to TVM TE, schedule them and turn them into C kernels.
+
+Each op's rule is registered with ``deflower(op, "c")`` (``backends/ops_int8.py``,
+``backends/ops_float.py``) and has the signature ``rule(k: KernelBuilder, node, xs) -> te.Tensor``
+where ``xs`` are TE tensors for the node's inputs. A rule may replace a constant input by a
+transformed copy (``k.const``), declare that its output may overwrite an input in place
+(``k.inplace``), count MACs (``k.macs``) and set the group's schedule (``k.schedule``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import numpy as np
+import tvm
+from tvm import s_tir, te
+
+from kiln.frontend.errors import KilnError
+from kiln.frontend.registry import deflower, get_op
+
+from . import tirc
+
+BACKEND = "c"
+
+
+PENDING = {}   # op name -> rule, for ops registered later (e.g. quantize/dequantize by kiln.quantize)
+
+
+def lower_rule(op_name):
+    """``deflower(op_name, "c")``, deferred until the op exists in the registry."""
+    def deco(fn):
+        from kiln.frontend.registry import OPS
+        if op_name in OPS:
+            deflower(op_name, BACKEND)(fn)
+        else:
+            PENDING[op_name] = fn
+        return fn
+    return deco
+
+
+def register_pending():
+    from kiln.frontend.registry import OPS
+    for name in list(PENDING):
+        if name in OPS:
+            deflower(name, BACKEND)(PENDING.pop(name))
+
+
+class LoweringError(KilnError):
+    """An op, dtype or attribute a target cannot run; names the op and the node."""
+
+
+@dataclasses.dataclass
+class Arg:
+    kind: str          # "value" (arena tensor), "const" (flash array), "scratch" (arena, this kernel only)
+    name: str          # graph value / constant name / scratch id
+    dtype: str
+    nbytes: int
+    writes: bool = False
+
+
+@dataclasses.dataclass
+class Kernel:
+    name: str                     # C function name
+    nodes: list                   # graph node names covered (in order)
+    ops: list
+    out: str                      # graph value produced
+    args: list                    # [Arg] in C parameter order
+    inplace: dict                 # graph input value -> min shift (bytes) for in-place output
+    macs: int = 0
+    source: str = ""              # C function text (static)
+    mod: object = None
+
+
+class KernelBuilder:
+    """Context handed to lowering rules while one fused group is lowered."""
+
+    def __init__(self, graph, group, target, consts):
+        self.graph = graph
+        self.group = group
+        self.target = target
+        self.consts = consts                 # name -> np.ndarray (graph params + consts + folded)
+        self.placeholders = {}               # te.Tensor -> Arg
+        self._by_value = {}
+        self.extra_consts = {}               # new constant name -> array
+        self.inplace_hints = {}
+        self.n_macs = 0
+        self.schedule_fn = None
+        self.node = None
+
+    # ---- what rules use ---------------------------------------------------------------
+    def type(self, value):
+        return self.graph.types[value]
+
+    def value(self, name):
+        """The constant array behind a graph value, or None for run-time values."""
+        return self.consts.get(name)
+
+    def const(self, tag, array, dtype=None):
+        """A new constant array (e.g. requantisation multipliers) as a TE placeholder."""
+        array = np.ascontiguousarray(np.asarray(array, dtype=dtype))
+        name = f"{self.node.name}_{tag}"
+        self.extra_consts[name] = array
+        t = te.placeholder(array.shape or (1,), str(array.dtype), name=_cname(tag))
+        self.placeholders[t] = Arg("const", name, str(array.dtype), array.nbytes)
+        return t
+
+    def inplace(self, value, min_shift):
+        """The kernel's output may start ``min_shift`` bytes (or more) below ``value``'s start
+        and overwrite it (``value`` must die here; the planner checks)."""
+        self.inplace_hints[value] = int(min_shift)
+
+    def macs(self, n):
+        self.n_macs += int(n)
+
+    def schedule(self, fn):
+        """``fn(sch, out_block)`` replaces the default schedule for this group."""
+        self.schedule_fn = fn
+
+    def fail(self, msg):
+        n = self.node
+        raise LoweringError(f"node {n.name!r} ({n.op}): {msg} (target {self.target.name})")
+
+    # ---- internal ----------------------------------------------------------------------
+    def input_tensor(self, value):
+        if value in self._by_value:
+            return self._by_value[value]
+        t = self.graph.types[value]
+        kind = "const" if value in self.consts else "value"
+        if t.dtype in ("bfloat16", "float16", "float64", "bool", "int64"):
+            self.fail(f"dtype {t.dtype} of {value!r} is not supported by the C backend")
+        ph = te.placeholder(t.shape or (1,), t.dtype, name=_cname(value))
+        self.placeholders[ph] = Arg(kind, value, t.dtype, t.nbytes)
+        self._by_value[value] = ph
+        return ph
+
+
+def _cname(s):
+    out = "".join(ch if ch.isalnum() else "_" for ch in str(s))
+    return out if out and not out[0].isdigit() else "v" + out
+
+
+def _used_placeholders(out):
+    seen, order, stack = set(), [], [out]
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if isinstance(t.op, te.PlaceholderOp):
+            order.append(t)
+        else:
+            stack.extend(t.op.input_tensors)
+    return order
+
+
+def default_schedule(sch, out_block):
+    """Inline every injective stage; move reductions under their consumer's loops (so their
+    accumulators shrink to scalars) and split off the reduction init."""
+    blocks = sch.get_child_blocks(sch.get_sblock("root")) if _has_root(sch) else []
+    for b in blocks:
+        name = sch.get(b).name_hint
+        if name == out_block:
+            continue
+        try:
+            sch.compute_inline(b)
+        except Exception:  # noqa: BLE001 (reductions and multi-consumer stages stay)
+            pass
+    reductions = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
+                  if sch.get(b).name_hint != out_block and _is_reduction(sch, b)]
+    for b in reversed(reductions):
+        consumers = sch.get_consumers(b)
+        if len(consumers) != 1:
+            continue
+        nsp = sum(1 for iv in sch.get(b).iter_vars if int(iv.iter_type) == 0)
+        loops = sch.get_loops(consumers[0])
+        if not loops or nsp == 0:
+            continue
+        try:
+            sch.compute_at(b, loops[min(nsp, len(loops)) - 1], preserve_unit_loops=False)
+        except Exception:  # noqa: BLE001
+            pass
+    decompose_reductions(sch)
+
+
+def _has_root(sch):
+    try:
+        sch.get_sblock("root")
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _is_reduction(sch, b):
+    return any(int(iv.iter_type) == 2 for iv in sch.get(b).iter_vars)
+
+
+def decompose_reductions(sch):
+    """Split the init of every reduction block out of its reduction loops (the reduction
+    loops are the innermost ones, as TE creates them)."""
+    for b in sch.get_child_blocks(sch.get_sblock("root")):
+        blk = sch.get(b)
+        if blk.init is None:
+            continue
+        nred = sum(1 for iv in blk.iter_vars if int(iv.iter_type) == 2)
+        loops = sch.get_loops(b)
+        if nred == 0 or len(loops) < nred:
+            continue
+        try:
+            sch.decompose_reduction(b, loops[len(loops) - nred])
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def lower_group(graph, group, target, consts, kname) -> Kernel:
+    """Lower one fused group (``group.nodes``, producing ``group.out``) to a C kernel."""
+    k = KernelBuilder(graph, group, target, consts)
+    env = {}
+    out = None
+    for node in group.nodes:
+        k.node = node
+        rule = get_op(node.op).lower.get(BACKEND)
+        if rule is None:
+            ins = ", ".join(str(graph.types[i]) for i in node.inputs)
+            raise LoweringError(f"node {node.name!r}: op '{node.op}' has no C lowering "
+                                f"(inputs {ins}; target {target.name})")
+        xs = [env[i] if i in env else k.input_tensor(i) for i in node.inputs]
+        out = rule(k, node, xs)
+        env[node.name] = out
+    want = graph.types[group.out]
+    if tuple(int(s) for s in out.shape) != (tuple(want.shape) or (1,)) or out.dtype != want.dtype:
+        raise LoweringError(f"node {group.nodes[-1].name!r}: lowering produced {out.dtype}{list(out.shape)}, "
+                            f"graph says {want}")
+    phs = _used_placeholders(out)
+    func = te.create_prim_func(phs + [out])
+    sch = s_tir.Schedule(func)
+    (k.schedule_fn or default_schedule)(sch, out.op.name)
+    ro = [ph.op.name for ph in phs]
+    mod, cparams = tirc.lower(sch.mod["main"], kname, ro)
+    by_name = {ph.op.name: k.placeholders[ph] for ph in phs}
+    args = []
+    for p in cparams:
+        if p.name in by_name:
+            args.append(by_name[p.name])
+        elif p.scratch_bytes:
+            args.append(Arg("scratch", f"{kname}.{p.name}", p.dtype, p.scratch_bytes, writes=True))
+        elif p.name == out.op.name:
+            args.append(Arg("value", group.out, want.dtype, want.nbytes, writes=True))
+        else:
+            raise LoweringError(f"kernel {kname}: unexpected parameter {p.name!r}")
+    kern = Kernel(kname, [n.name for n in group.nodes], [n.op for n in group.nodes], group.out, args,
+                  dict(k.inplace_hints), k.n_macs, mod=mod)
+    kern.extra_consts = k.extra_consts
+    kern.cparams = cparams
+    kern.source = tirc.build_c([mod], {kname: ro})
+    return kern
+
+
+def source_key(src, name):
+    """Hash of a kernel's C text with its own name blanked (identical kernels are shared)."""
+    return hashlib.sha1(src.replace(name, "@").encode()).hexdigest()

@@ -1,0 +1,297 @@
+"""C lowerings of softmax, reductions, data movement and (de)quantisation."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from tvm import te, tirx
+
+from kiln.frontend.ops._util import norm_axes
+from kiln.frontend.ops.reduce_shape import _pads, _perm, _slice_params, resolve_shape
+
+from . import gemmlowp, inplace, qmath
+from .lower import lower_rule
+from .qmath import c
+
+F32 = "float32"
+
+
+def _q(k, node):
+    return any(k.type(v).quant is not None for v in list(node.inputs) + [node.name])
+
+
+def _shape(t):
+    return t.shape or (1,)
+
+
+def _need_f32(k, node):
+    for v in list(node.inputs) + [node.name]:
+        if k.type(v).dtype != F32:
+            k.fail(f"{node.op} on {k.type(v)} is not supported by the C backend")
+
+
+def _unflatten(flat, shape):
+    idx = []
+    for d in reversed(shape):
+        idx.append(tirx.floormod(flat, d))
+        flat = tirx.floordiv(flat, d)
+    return tuple(reversed(idx))
+
+
+def _flat(idx, shape):
+    f = c(0)
+    for i, d in zip(idx, shape):
+        f = f * d + i
+    return f
+
+
+# ---- softmax --------------------------------------------------------------------------------
+def _softmax_int8(k, node, x, tx, ty):
+    if ty.quant is None or abs(ty.quant.scale[0] - 1 / 256) > 1e-9 or ty.quant.zero_point[0] != -128:
+        k.fail(f"int8 softmax needs output scale 1/256 and zero point -128 (TFLite), got {ty}")
+    axis = node.attrs["axis"] % len(tx.shape)
+    if axis != len(tx.shape) - 1:
+        k.fail("int8 softmax runs over the last axis")
+    int_bits, acc_bits = 5, 12
+    beta_real = min(1.0 * float(np.float32(tx.quant.scale[0])) * (1 << (31 - int_bits)), (1 << 31) - 1.0)
+    mult, left = qmath.quantize_multiplier(beta_real)
+    if left < 0:
+        k.fail("int8 softmax: input scale too small")
+    diff_min = -int(math.floor(1.0 * ((1 << int_bits) - 1) * (1 << (31 - int_bits)) / (1 << left)))
+    exp_t, sum_t = [], []
+    for d in range(-255, 1):
+        if d >= diff_min:
+            e = gemmlowp.exp_on_negative_values(gemmlowp.srdhm(d * (1 << left), mult), int_bits)
+        else:
+            e = 0
+        exp_t.append(e)
+        sum_t.append(gemmlowp.rdbpot(e, acc_bits))
+    texp = k.const("exp", np.asarray(exp_t, np.int32))
+    tsum = k.const("expsum", np.asarray(sum_t, np.int32))
+    D = tx.shape[-1]
+    lead = tx.shape[:-1]
+    r = te.reduce_axis((0, D), "r")
+    mx = te.compute(lead or (1,), lambda *i: te.max(x[(i if lead else ()) + (r,)], axis=[r]), name="rowmax")
+    r2 = te.reduce_axis((0, D), "r2")
+
+    def diff(i, col):
+        return x[i + (col,)].astype("int32") - mx[i or (0,)].astype("int32") + c(255)
+    sm = te.compute(lead or (1,), lambda *i: te.sum(tsum[diff(i if lead else (), r2)], axis=[r2]), name="rowsum")
+
+    def recip(*i):
+        s = sm(*i)
+        return qmath.let("clz", gemmlowp.clz_positive(s), lambda hr: gemmlowp.one_over_one_plus_x_for_x_in_0_1(
+            ((s.astype("uint32") << hr.astype("uint32")) - tirx.const(1 << 31, "uint32")).astype("int32")))
+    scale = te.compute(lead or (1,), recip, name="rowscale")
+    nbits = te.compute(lead or (1,), lambda *i: c(acc_bits) - gemmlowp.clz_positive(sm(*i)), name="rowbits")
+
+    def body(*i):
+        row = i[:-1]
+        ri = row or (0,)
+        e = texp[diff(row, i[-1])]
+        v = qmath.rdbpot(qmath.srdhm(scale[ri], e), nbits[ri] + c(31 - 8))
+        return qmath.clamp(v + c(-128), -128, 127).astype("int8")
+    return te.compute(_shape(ty), body, name="softmax")
+
+
+def _softmax_f32(k, node, x, tx, ty, log):
+    nd = len(tx.shape)
+    axis = node.attrs["axis"] % nd
+    D = tx.shape[axis]
+    red_shape = tuple(s for d, s in enumerate(tx.shape) if d != axis) or (1,)
+
+    def full(i, j):
+        i = list(i) if len(tx.shape) > 1 else []
+        i.insert(axis, j)
+        return tuple(i)
+    r = te.reduce_axis((0, D), "r")
+    mx = te.compute(red_shape, lambda *i: te.max(x[full(i, r)], axis=[r]), name="rowmax")
+    r2 = te.reduce_axis((0, D), "r2")
+    sm = te.compute(red_shape, lambda *i: te.sum(tirx.exp(x[full(i, r2)] - mx(*i)), axis=[r2]), name="rowsum")
+
+    def body(*i):
+        ri = tuple(v for d, v in enumerate(i) if d != axis) or (0,)
+        s = x(*i) - mx[ri]
+        if log:
+            return s - tirx.log(sm[ri])
+        return tirx.exp(s) / sm[ri]
+    return te.compute(_shape(ty), body, name="log_softmax" if log else "softmax")
+
+
+@lower_rule("softmax")
+def lower_softmax(k, node, xs):
+    tx, ty = k.type(node.inputs[0]), k.type(node.name)
+    if _q(k, node):
+        if tx.dtype != "int8" or tx.quant is None:
+            k.fail(f"int8 softmax needs a quantised int8 input, got {tx}")
+        return _softmax_int8(k, node, xs[0], tx, ty)
+    _need_f32(k, node)
+    return _softmax_f32(k, node, xs[0], tx, ty, log=False)
+
+
+@lower_rule("log_softmax")
+def lower_log_softmax(k, node, xs):
+    _need_f32(k, node)
+    return _softmax_f32(k, node, xs[0], k.type(node.inputs[0]), k.type(node.name), log=True)
+
+
+# ---- reductions -----------------------------------------------------------------------------
+def _reduce(k, node, xs, kind):
+    x = xs[0]
+    tx, ty = k.type(node.inputs[0]), k.type(node.name)
+    axes = norm_axes(node.attrs["axes"], len(tx.shape))
+    keep = node.attrs["keepdims"]
+    raxes = [te.reduce_axis((0, tx.shape[a]), f"r{a}") for a in axes]
+    count = int(np.prod([tx.shape[a] for a in axes])) if axes else 1
+
+    def full(i):
+        out, it, rt = [], iter(i), iter(raxes)
+        for d in range(len(tx.shape)):
+            if d in axes:
+                out.append(next(rt))
+                if keep:
+                    next(it)
+            else:
+                out.append(next(it))
+        return tuple(out)
+    shape = _shape(ty)
+    scalar = not ty.shape
+
+    def idx(i):
+        return () if scalar else i
+    if _q(k, node):
+        if kind != "mean":
+            k.fail(f"int8 {kind} is not supported (TFLite int8 has MEAN)")
+        zi, zo = int(tx.quant.zero_point[0]), int(ty.quant.zero_point[0])
+        m, sh = qmath.quantize_multiplier(float(np.float32(tx.quant.scale[0])) / float(np.float32(ty.quant.scale[0])))
+        acc = te.compute(shape, lambda *i: te.sum(x[full(idx(i))].astype("int32") - c(zi), axis=raxes), name="acc")
+
+        def body(*i):
+            v = qmath.mbqm(acc(*i), c(m), sh)
+            half = c(count // 2)
+            r = tirx.Select(v > c(0), tirx.truncdiv(v + half, c(count)), tirx.truncdiv(v - half, c(count)))
+            return qmath.clamp(r + c(zo), -128, 127).astype("int8")
+        return te.compute(shape, body, name="mean")
+    _need_f32(k, node)
+    if kind == "max":
+        return te.compute(shape, lambda *i: te.max(x[full(idx(i))], axis=raxes), name="max")
+    s = te.compute(shape, lambda *i: te.sum(x[full(idx(i))], axis=raxes), name="sum")
+    if kind == "sum":
+        return s
+    return te.compute(shape, lambda *i: s(*i) / tirx.const(float(count), F32), name="mean")
+
+
+for _kind in ("sum", "mean", "max"):
+    lower_rule(_kind)(lambda k, node, xs, _kind=_kind: _reduce(k, node, xs, _kind))
+
+
+# ---- data movement --------------------------------------------------------------------------
+@lower_rule("reshape")
+def lower_reshape(k, node, xs):
+    """A reshape is normally a view (no kernel, see backends/passes.py); this copy runs when
+    it cannot be one."""
+    x = xs[0]
+    tx, ty = k.type(node.inputs[0]), k.type(node.name)
+    k.inplace(node.inputs[0], 0)
+    shp = resolve_shape(node.attrs["shape"], tx.size)
+    return te.compute(_shape(ty), lambda *i: x[_unflatten(_flat(i, shp), _shape(tx))], name="reshape")
+
+
+@lower_rule("transpose")
+def lower_transpose(k, node, xs):
+    x = xs[0]
+    tx, ty = k.type(node.inputs[0]), k.type(node.name)
+    perm = _perm(node.attrs, len(tx.shape))
+    inv = list(np.argsort(perm))
+    return te.compute(_shape(ty), lambda *i: x[tuple(i[inv[d]] for d in range(len(perm)))], name="transpose")
+
+
+@lower_rule("pad")
+def lower_pad(k, node, xs):
+    x = xs[0]
+    tx, ty = k.type(node.inputs[0]), k.type(node.name)
+    pads = _pads(node.attrs, len(tx.shape))
+    if tx.quant is not None:
+        val = tirx.const(int(tx.quant.zero_point[0]), tx.dtype)
+    else:
+        val = tirx.const(np.asarray(node.attrs["value"]).astype(tx.dtype).item(), tx.dtype)
+
+    def body(*i):
+        conds = [tirx.all(i[d] >= lo, i[d] < lo + tx.shape[d]) for d, (lo, hi) in enumerate(pads) if lo or hi]
+        src = tuple(i[d] - pads[d][0] for d in range(len(i)))
+        return tirx.if_then_else(tirx.all(*conds), x[src], val) if conds else x[src]
+    return te.compute(_shape(ty), body, name="pad")
+
+
+@lower_rule("slice")
+def lower_slice(k, node, xs):
+    x = xs[0]
+    tx, ty = k.type(node.inputs[0]), k.type(node.name)
+    sl = _slice_params(node.attrs, tx.shape)
+    return te.compute(_shape(ty), lambda *i: x[tuple(s.start + i[d] * s.step for d, s in enumerate(sl))], name="slice")
+
+
+@lower_rule("broadcast_to")
+def lower_broadcast_to(k, node, xs):
+    x = xs[0]
+    tx, ty = k.type(node.inputs[0]), k.type(node.name)
+    off = len(ty.shape) - len(tx.shape)
+    return te.compute(_shape(ty), lambda *i: x[tuple(0 if tx.shape[d] == 1 else i[off + d]
+                                                     for d in range(len(tx.shape))) or (0,)],
+                      name="broadcast")
+
+
+@lower_rule("concat")
+def lower_concat(k, node, xs):
+    ts = [k.type(v) for v in node.inputs]
+    ty = k.type(node.name)
+    axis = node.attrs["axis"] % len(ty.shape)
+    if ty.quant is not None and any(t.quant != ty.quant for t in ts):
+        k.fail("int8 concat needs the same quantisation on every input and the output")
+
+    def body(*i):
+        off = sum(t.shape[axis] for t in ts)
+        v = None
+        for x, t in reversed(list(zip(xs, ts))):
+            off -= t.shape[axis]
+            j = tuple(i[d] - off if d == axis else i[d] for d in range(len(i)))
+            v = x[j] if v is None else tirx.if_then_else(i[axis] >= off, x[j], v)
+        return v
+    return te.compute(_shape(ty), body, name="concat")
+
+
+# ---- (de)quantisation -----------------------------------------------------------------------
+def _round_half_away(v):
+    half = tirx.const(0.5, F32)
+    return tirx.Select(v >= tirx.const(0.0, F32), tirx.floor(v + half), -tirx.floor(-v + half))
+
+
+@lower_rule("quantize")
+def lower_quantize(k, node, xs):
+    x = xs[0]
+    tx, ty = k.type(node.inputs[0]), k.type(node.name)
+    if ty.quant is None or ty.quant.per_channel or ty.dtype != "int8":
+        k.fail(f"quantize to {ty}: per-tensor int8 output expected")
+    zo, so = int(ty.quant.zero_point[0]), float(np.float32(ty.quant.scale[0]))
+    k.inplace(node.inputs[0], inplace.elementwise_shift(tx, ty) or 0)
+    if tx.dtype == F32:
+        return te.compute(_shape(ty), lambda *i: qmath.clamp(
+            _round_half_away(x(*i) / tirx.const(so, F32)).astype("int32") + c(zo), -128, 127).astype("int8"),
+            name="quantize")
+    if tx.dtype == "int8" and tx.quant is not None:
+        zi = int(tx.quant.zero_point[0])
+        m, sh = qmath.quantize_multiplier(float(np.float32(tx.quant.scale[0])) / so)
+        return te.compute(_shape(ty), lambda *i: qmath.clamp(
+            qmath.mbqm(x(*i).astype("int32") - c(zi), c(m), sh) + c(zo), -128, 127).astype("int8"), name="requantize")
+    k.fail(f"quantize from {tx} is not supported")
+
+
+@lower_rule("dequantize")
+def lower_dequantize(k, node, xs):
+    x = xs[0]
+    tx, ty = k.type(node.inputs[0]), k.type(node.name)
+    if tx.quant is None or tx.quant.per_channel or ty.dtype != F32:
+        k.fail(f"dequantize {tx} -> {ty}: per-tensor quantised input and float32 output expected")
+    zi, si = int(tx.quant.zero_point[0]), float(np.float32(tx.quant.scale[0]))
+    return te.compute(_shape(ty), lambda *i: (tirx.const(si, "float64") * (x(*i).astype("int32") - c(zi)).astype("float64")
+                                              ).astype(F32), name="dequantize")

@@ -1,0 +1,2 @@
+"""Cortex-M schedules (filled in below)."""
+ENABLED = False
