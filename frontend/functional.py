@@ -3,6 +3,7 @@ primitives) to the graph its operands belong to."""
 from __future__ import annotations
 
 import builtins
+import math
 
 import numpy as np
 
@@ -119,6 +120,10 @@ def log_softmax(x, axis=-1):
 # ---- shapes ---------------------------------------------------------------------------------
 def reshape(x, shape):
     shape = [int(s) for s in shape]
+    if isinstance(x, Tensor) and shape.count(-1) == 1 and x.size:
+        rest = math.prod(s for s in shape if s != -1)
+        if rest and x.size % rest == 0:
+            shape[shape.index(-1)] = x.size // rest     # resolve -1 so a no-op reshape emits nothing
     if isinstance(x, Tensor) and list(x.shape) == shape:
         return x
     return emit("reshape", [x], shape=shape)

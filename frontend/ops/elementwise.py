@@ -31,10 +31,12 @@ _unary("sqrt", np.sqrt, lambda n, xs, y, gy: [gy / (y * 2.0)])
 _unary("tanh", np.tanh, lambda n, xs, y, gy: [gy * (1.0 - y * y)], props={QUANTIZABLE})
 _unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), lambda n, xs, y, gy: [gy * (y * (1.0 - y))],
        props={QUANTIZABLE})
-_unary("relu", lambda x: np.maximum(x, 0), lambda n, xs, y, gy: [F.where(xs[0] > 0.0, gy, 0.0)],
+# relu/relu6 VJPs read the output (y > 0 exactly when x > 0), as torch's threshold_backward does:
+# the pre-activation then dies with the forward pass instead of living until the backward.
+_unary("relu", lambda x: np.maximum(x, 0), lambda n, xs, y, gy: [F.where(y > 0.0, gy, 0.0)],
        props={QUANTIZABLE})
 _unary("relu6", lambda x: np.minimum(np.maximum(x, 0), 6),
-       lambda n, xs, y, gy: [F.where(F.logical_and(xs[0] > 0.0, xs[0] < 6.0), gy, 0.0)],
+       lambda n, xs, y, gy: [F.where(F.logical_and(y > 0.0, y < 6.0), gy, 0.0)],
        props={QUANTIZABLE})
 
 
@@ -46,6 +48,10 @@ def _pow_vjp(n, xs, y, gy):
     p = n.attrs["exponent"]
     if p == 0:
         return [gy * 0.0]
+    if p == 1:
+        return [gy]
+    if p == 2:
+        return [gy * (xs[0] * 2.0)]
     return [gy * (F.pow(xs[0], p - 1) * float(p))]
 
 
