@@ -171,14 +171,18 @@ class Device:
         self.stats.crc_errors = self._decoder.crc_errors
         return frames
 
-    def _transact(self, ftype: T, payload: bytes = b"", timeout: float | None = None) -> bytes:
+    def _transact(self, ftype: T, payload: bytes = b"", timeout: float | None = None,
+                  retries: int | None = None, busy_timeout: float | None = None) -> bytes:
+        """Send one request and return its reply payload, retransmitting on NAK or silence.
+        busy_timeout: once the device ACKs (long commands), wait this long for the reply."""
         timeout = self.timeout if timeout is None else timeout
+        retries = self.retries if retries is None else retries
         last_problem = "no reply"
         reconnects = 0
         attempt = 0
         seq = self._next_seq()
         frame = encode(ftype, seq, payload)
-        while attempt <= self.retries:
+        while attempt <= retries:
             if attempt:
                 self.stats.retransmits += 1
             attempt += 1
@@ -187,6 +191,7 @@ class Device:
                 self.stats.frames_sent += 1
                 deadline = time.monotonic() + timeout
                 resend = False
+                acked = False
                 while not resend and time.monotonic() < deadline:
                     for f in self._read_frames(deadline):
                         if f.type == T.FAULT:
@@ -205,6 +210,11 @@ class Device:
                             break
                         if f.seq != seq:
                             continue        # stale reply to an earlier retransmission
+                        if f.type == T.ACK:
+                            if busy_timeout is not None and not acked:
+                                deadline = time.monotonic() + busy_timeout
+                            acked = True
+                            continue
                         if f.type == T.NAK:
                             err = f.payload[0] if f.payload else 0
                             self.stats.naks += 1
@@ -223,13 +233,14 @@ class Device:
                         last_problem = f"unexpected {f!r}"
                 if not resend:
                     self.stats.timeouts += 1
-                    last_problem = f"no reply within {timeout:.2f} s"
+                    last_problem = (f"acknowledged, but no reply within {busy_timeout:.2f} s"
+                                    if acked and busy_timeout else f"no reply within {timeout:.2f} s")
             except (serial.SerialException, OSError) as e:
                 if self._in_restore:
                     raise
                 reconnects += 1
                 last_problem = f"connection lost ({e})"
-                if reconnects > self.retries:
+                if reconnects > retries:
                     break
                 self._reconnect(str(e))
                 seq = self._next_seq()
@@ -276,21 +287,32 @@ class Device:
         self._send_input(data)
 
     def _send_input(self, data: bytes) -> None:
+        """Chunked upload. A chunk that keeps failing (a noisy link corrupts long frames more
+        often) is retried in halves, down to 16 bytes, before giving up."""
         step = min(self.chunk or self.max_payload - 4, self.max_payload - 4)
-        for off in range(0, len(data), step):
+        off = 0
+        while off < len(data):
             part = data[off:off + step]
-            p = self._transact(T.SET_INPUT, struct.pack("<I", off) + part)
+            try:
+                p = self._transact(T.SET_INPUT, struct.pack("<I", off) + part,
+                                   retries=min(self.retries, 2) if step > 16 else None)
+            except DeviceTimeout:
+                if step <= 16:
+                    raise
+                step //= 2
+                continue
             (end,) = struct.unpack_from("<I", p, 0)
             if end != off + len(part):
                 raise DeviceError(f"{self.url}: SET_INPUT at {off}: device acknowledged up to {end}, "
                                   f"expected {off + len(part)}")
+            off = end
 
     def invoke(self) -> InvokeResult:
         """Run one inference on the last input. Returns rc and ticks (cycles with DWT), plus the
         exact instruction count when the device runs in QEMU with the plugin."""
         if self.instruction_counter is not None:
             self.instruction_counter(0)     # drop windows from earlier, unrelated runs
-        res = InvokeResult.unpack(self._transact(T.INVOKE, timeout=self.invoke_timeout))
+        res = InvokeResult.unpack(self._transact(T.INVOKE, busy_timeout=self.invoke_timeout))
         self._last_icount = None
         if self.instruction_counter is not None:
             got = self.instruction_counter(5.0)
@@ -339,6 +361,11 @@ class Device:
             self._transact(T.EXIT, struct.pack("<i", code))
         finally:
             self.close()
+
+    def reset(self) -> None:
+        """Reboot the device (system reset). The next command notices the BOOT frame, redoes
+        the handshake and re-sends the input."""
+        self._transact(T.RESET)
 
     def run(self, data: bytes) -> tuple[bytes, InvokeResult]:
         """set_input + invoke + get_output; raises DeviceError when the model returns rc != 0."""

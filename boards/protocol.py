@@ -34,8 +34,10 @@ class T(IntEnum):
     GET_STACK = 0x07
     EXIT = 0x08
     ECHO = 0x09
+    RESET = 0x0A
     BOOT = 0x70
     FAULT = 0x71
+    ACK = 0x7E
     NAK = 0x7F
 
 

@@ -48,10 +48,10 @@ def qemu_binary() -> str:
 def command(board: Board, elf: str | Path, port: int, *, icount_shift: int | None = DEFAULT_SHIFT,
             plugin: str | Path | None = None, markers: dict[str, int] | None = None,
             plugin_out: str | Path | None = None, log: str | Path | None = None,
-            semihosting: bool = True) -> list[str]:
+            semihosting: bool = True, reboot: bool = False) -> list[str]:
     """The qemu-system-arm command line for ``board`` (its ``qemu`` table) running ``elf``."""
     cmd = [qemu_binary(), "-M", board.qemu.machine, "-nographic", "-monitor", "none",
-           "-kernel", str(elf), "-no-reboot",
+           "-kernel", str(elf), *([] if reboot else ["-no-reboot"]),
            "-serial", f"tcp:127.0.0.1:{port},server=on,wait=on,nodelay=on"]
     if icount_shift is not None:
         cmd += ["-icount", f"shift={icount_shift},align=off,sleep=off"]
@@ -86,11 +86,12 @@ class Qemu:
     def __init__(self, image=None, *, board: Board | None = None, elf: str | Path | None = None,
                  markers: dict[str, int] | None = None, icount_shift: int | None = DEFAULT_SHIFT,
                  plugin: bool | str | Path = True, workdir: str | Path | None = None,
-                 semihosting: bool | None = None):
+                 semihosting: bool | None = None, reboot: bool = False):
         self.board = board or image.board
         self.elf = Path(elf or image.elf)
         self.markers = markers if markers is not None else (image.markers if image else {})
         self.icount_shift = icount_shift
+        self.reboot = reboot    # False: a system reset ends QEMU (-no-reboot); True: it reboots
         self.semihosting = semihosting if semihosting is not None else (
             image.semihosting if image is not None else True)
         self._own_dir = workdir is None
@@ -120,7 +121,8 @@ class Qemu:
             self.port = free_port()
             cmd = command(self.board, self.elf, self.port, icount_shift=self.icount_shift,
                           plugin=self.plugin if self.markers else None, markers=self.markers,
-                          plugin_out=self.icount_log, log=self.log, semihosting=self.semihosting)
+                          plugin_out=self.icount_log, log=self.log, semihosting=self.semihosting,
+                          reboot=self.reboot)
             self.cmd = cmd
             out = open(self.stdout, "wb")
             err = open(self.stderr, "wb")

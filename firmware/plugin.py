@@ -38,20 +38,26 @@ def plugin_path(build: bool = True) -> Path:
     if not build:
         raise FirmwareError(f"QEMU plugin not built: run scripts/setup.sh (looked in "
                             f"{', '.join(map(str, cands))})")
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if not cc:
-        raise FirmwareError("no host C compiler (gcc) to build the QEMU plugin")
     errors = []
     for target in cands[-2:]:
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_suffix(f".{os.getpid()}.tmp")
-            cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(SOURCE)]
-            p = subprocess.run(cmd, capture_output=True, text=True)
-            if p.returncode != 0:
-                raise FirmwareError(f"building the QEMU plugin failed:\n  {' '.join(cmd)}\n{p.stderr}")
-            os.replace(tmp, target)
-            return target
+            return build_plugin(target)
         except OSError as e:
             errors.append(f"{target}: {e}")
     raise FirmwareError("cannot write the QEMU plugin: " + "; ".join(errors))
+
+
+def build_plugin(target: str | os.PathLike) -> Path:
+    """Compile icount.c into ``target`` (atomically) with the host gcc, as setup.sh does."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if not cc:
+        raise FirmwareError("no host C compiler (gcc) to build the QEMU plugin")
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".{os.getpid()}.tmp")
+    cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(SOURCE)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise FirmwareError(f"building the QEMU plugin failed:\n  {' '.join(cmd)}\n{p.stderr}")
+    os.replace(tmp, target)
+    return target

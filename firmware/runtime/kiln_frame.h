@@ -41,10 +41,12 @@ enum kiln_frame_type {
     KILN_T_GET_STACK = 0x07,  /* u8 flags (bit0: repaint) -> u32 size, u32 used, u32 base */
     KILN_T_EXIT = 0x08,       /* i32 code -> ack, then semihosting exit or reset */
     KILN_T_ECHO = 0x09,       /* bytes -> same bytes */
+    KILN_T_RESET = 0x0A,      /* -> ack, then a system reset (the device reboots, sends BOOT) */
     KILN_REPLY = 0x80,
     /* Unsolicited (device -> host) */
     KILN_T_BOOT = 0x70,       /* u16 version, u32 boot count */
     KILN_T_FAULT = 0x71,      /* u32 ipsr, cfsr, hfsr, r0, r1, r2, r3, r12, lr, pc, xpsr, sp */
+    KILN_T_ACK = 0x7E,        /* u8 request type: received, working (sent before long commands) */
     KILN_T_NAK = 0x7F         /* u8 error, u8 offending type */
 };
 

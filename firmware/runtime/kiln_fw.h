@@ -36,6 +36,13 @@ void kiln_stack_repaint(void);
 
 /* Exit: semihosting SYS_EXIT_EXTENDED under QEMU, else a system reset. */
 void kiln_exit(int code) __attribute__((noreturn));
+void kiln_reset(void) __attribute__((noreturn));
 void kiln_irq_enable(uint32_t irq);
+
+#if defined(__arm__)
+static inline void kiln_irqs_on(void) { __asm volatile("cpsie i" ::: "memory"); }
+#else
+static inline void kiln_irqs_on(void) {}   /* host build (fuzzing) */
+#endif
 
 #endif

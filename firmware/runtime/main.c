@@ -47,12 +47,17 @@ static void send(uint8_t type, uint8_t seq, uint16_t len)
     kiln_uart_write(tx, tx_len);
 }
 
-static void send_nak(uint8_t seq, uint8_t err, uint8_t type)
+static void send_small(uint8_t type, uint8_t seq, const uint8_t *p, uint16_t len)
 {
     uint8_t f[KILN_HEADER_BYTES + 2 + KILN_TRAILER_BYTES];
-    uint8_t p[2] = {err, type};
-    size_t n = kiln_frame_encode(f, KILN_T_NAK, seq, p, 2);
+    size_t n = kiln_frame_encode(f, type, seq, p, len);
     kiln_uart_write(f, (uint32_t)n);
+}
+
+static void send_nak(uint8_t seq, uint8_t err, uint8_t type)
+{
+    uint8_t p[2] = {err, type};
+    send_small(KILN_T_NAK, seq, p, 2);
 }
 
 static size_t put_str(uint8_t *p, size_t room, const char *s)
@@ -181,6 +186,8 @@ static void handle(const kiln_frame_t *f)
     }
     uint8_t *r = tx + KILN_HEADER_BYTES;
     int n;
+    if (f->type == KILN_T_INVOKE)   /* long-running: tell the host we have it */
+        send_small(KILN_T_ACK, f->seq, &f->type, 1);
     switch (f->type) {
     case KILN_T_HELLO: n = do_hello(f, r); break;
     case KILN_T_INFO: n = do_info(r); break;
@@ -193,6 +200,9 @@ static void handle(const kiln_frame_t *f)
     case KILN_T_EXIT:
         send(KILN_T_EXIT | KILN_REPLY, f->seq, 0);
         kiln_exit(f->len >= 4 ? (int)kiln_get_u32(f->payload) : 0);
+    case KILN_T_RESET:
+        send(KILN_T_RESET | KILN_REPLY, f->seq, 0);
+        kiln_reset();
     default: n = -KILN_E_TYPE; break;
     }
     if (n < 0) {
@@ -216,7 +226,7 @@ int main(void)
     kiln_timer_init();
     kiln_parser_init(&rx);
     kiln_uart_init();
-    __asm volatile("cpsie i" ::: "memory");
+    kiln_irqs_on();
 
     uint8_t *r = tx + KILN_HEADER_BYTES;
     kiln_put_u16(r, KILN_PROTOCOL_VERSION);

@@ -66,8 +66,13 @@ void kiln_exit(int code)
 #else
     (void)code;
 #endif
+    kiln_reset();   /* QEMU -no-reboot exits here */
+}
+
+void kiln_reset(void)
+{
     __asm volatile("dsb" ::: "memory");
-    AIRCR = (0x05FAu << 16) | (1u << 2);   /* SYSRESETREQ: QEMU -no-reboot exits here */
+    AIRCR = (0x05FAu << 16) | (1u << 2);   /* SYSRESETREQ */
     __asm volatile("dsb" ::: "memory");
     for (;;) {
     }
