@@ -328,8 +328,11 @@ def _torch_inputs(arrays, dtype=torch.float64):
 
 # ---- tests ---------------------------------------------------------------------------------------
 def test_every_op_has_a_case():
+    """Every op the frontend registers has a row here (ops other folders register, such as
+    quantize's, are tested against their own references by those folders)."""
     covered = {c.op for c in CASES}
-    missing = sorted(set(OPS) - covered)
+    frontend_ops = {n for n, op in OPS.items() if op.infer and op.infer.__module__.startswith("kiln.frontend.ops")}
+    missing = sorted(frontend_ops - covered)
     assert not missing, f"ops without a PyTorch/FD test case in tests/frontend/test_ops.py: {missing}"
     assert all(c.op in OPS for c in CASES)
 
