@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.frontend import functional as F
+from kiln.frontend.errors import GraphError
 from kiln.frontend.tensor import Tensor
 from kiln.frontend.types import TensorType
 
@@ -27,6 +28,10 @@ def _contract(g, pairs):
 
 
 def jvp(graph, of=None, wrt=None, *, keep_outputs=False, name=None):
+    """Jacobian-vector product graph of ``of`` (default: the first output) with respect to ``wrt``
+    (default: every parameter). Inputs: the graph's inputs, then one tangent per ``wrt`` value
+    (``tangent_<name>``, shaped like it). Output: J v (shaped like ``of``), preceded by the original
+    outputs when ``keep_outputs``."""
     of = of or graph.outputs[0]
     wrt = list(graph.params) if wrt is None else list(wrt)
     g = vjp(graph, of, wrt, keep_outputs=True, name=name or f"jvp_{graph.name}")
@@ -45,7 +50,10 @@ def jvp(graph, of=None, wrt=None, *, keep_outputs=False, name=None):
         jv = F.constant(np.zeros(ct.shape, ct.dtype), g)
     g.outputs = (list(graph.outputs) if keep_outputs else []) + [jv.name]
     g.meta["jvp"] = {"of": of, "wrt": wrt, "tangents": [t.name for t in tangents]}
-    return prune(g).validate()
+    g = prune(g)
+    if not any(cot in n.inputs for n in g.nodes) and cot not in g.outputs:
+        del g.consts[cot], g.types[cot]     # J v never reads the (zero) cotangent
+    return g.validate()
 
 
 def hvp(graph, of=None, wrt=None, *, name=None):
@@ -53,6 +61,8 @@ def hvp(graph, of=None, wrt=None, *, name=None):
     outputs are H v, one per ``wrt`` value."""
     of = of or graph.outputs[0]
     wrt = list(graph.params) if wrt is None else list(wrt)
+    if graph.types[of].size != 1:
+        raise GraphError(f"hvp: output {of!r} has shape {graph.types[of].shape}; the Hessian needs a scalar")
     g = vjp(graph, of, wrt, name=name or f"hvp_{graph.name}", _scalar=True)
     grads = [Tensor(g, o) for o in g.outputs]
     vs = [Tensor(g, g.add_input(f"v_{w.replace('.', '_')}", TensorType(g.types[w].shape, g.types[w].dtype)))
