@@ -301,32 +301,20 @@ def _device_target(target):
 
 # ---- static memory plan -----------------------------------------------------------------------
 def plan_arena(buffers, align=ALIGN):
-    """Greedy by size (TFLM-style): buffers [(name, bytes, first, last)] -> ({name: offset}, peak).
+    """Static arena plan with backends/planner.py (the C backend's planner: greedy strategies,
+    smallest wins): buffers [(name, bytes, first step, last step)] -> ({name: offset}, arena bytes).
     Two buffers may share bytes only when their [first, last] step ranges do not intersect."""
-    order = sorted(buffers, key=lambda b: (-b[1], b[2], b[0]))
-    placed, offsets = [], {}
-    for name, size, first, last in order:
-        cands = sorted({0} | {_align(o + s, align) for (_, o, s, f, l) in placed})
-        for off in cands:
-            if all(not (f <= last and first <= l and off < o + s and o < off + size)
-                   for (_, o, s, f, l) in placed):
-                break
-        offsets[name] = off
-        placed.append((name, off, size, first, last))
-    peak = max((o + s for (_, o, s, _, _) in placed), default=0)
-    return offsets, _align(peak, align)
+    from . import planner
+    p = planner.plan([planner.Buffer(n, s, f, l, align) for n, s, f, l in buffers], random_orders=0)
+    return dict(p.offsets), _align(p.peak, align)
 
 
-def check_plan(buffers, offsets):
-    """Raise if two buffers alive at the same step overlap in the arena."""
-    bs = list(buffers)
-    for i in range(len(bs)):
-        n1, s1, f1, l1 = bs[i]
-        for j in range(i + 1, len(bs)):
-            n2, s2, f2, l2 = bs[j]
-            if f1 <= l2 and f2 <= l1 and offsets[n1] < offsets[n2] + s2 and offsets[n2] < offsets[n1] + s1:
-                raise KilnError(f"arena plan overlap: {n1} [{offsets[n1]}, +{s1}) steps {f1}..{l1} and "
-                                f"{n2} [{offsets[n2]}, +{s2}) steps {f2}..{l2}")
+def check_plan(buffers, offsets, align=16):
+    """Raise if two buffers alive at the same step overlap in the arena (or one is misaligned)."""
+    from . import planner
+    bad = planner.overlaps([planner.Buffer(n, s, f, l, align) for n, s, f, l in buffers], offsets)
+    if bad:
+        raise KilnError("arena plan is wrong: " + "; ".join(bad[:5]))
 
 
 def draw_plan(buffers, offsets, peak, width=64):

@@ -32,7 +32,7 @@ from kiln.frontend.types import np_dtype
 
 from . import tvm_te
 
-SCHEDULE_VERSION = 3   # bump when the schedule changes: it is part of the cache key
+SCHEDULE_VERSION = 4   # bump when the schedule changes: it is part of the cache key
 
 
 def host_target(num_threads=None):
@@ -98,13 +98,43 @@ def schedule_cpu_func(func, target):
             elif total >= 256:
                 sch.parallel(fused)
             continue
-        # reduction: parallelise the outer spatial loops (all but the innermost spatial one)
+        # reduction: parallelise the outer spatial loops; move the innermost spatial loop (the
+        # channel, contiguous in NHWC outputs) inside the reduction and vectorise it: an
+        # outer-product micro-kernel with the accumulators in registers
         if ns >= 2:
             outer = sch.fuse(*loops[:ns - 1]) if ns > 2 else loops[0]
-            sch.parallel(outer)
+            if int(np.prod(extents[:ns - 1])) >= 2:
+                sch.parallel(outer)
+            inner = loops[ns - 1]
+            ext = extents[ns - 1]
+            if 4 <= ext and (ext <= vec or ext % vec == 0) and _inner_contiguous(sch, b):
+                if ext > vec:
+                    _, inner = sch.split(inner, [None, vec])
+                _try(_vector_reduction, sch, b, inner, loops[ns:])
         elif ns == 1 and extents[0] >= 64:
             sch.parallel(loops[0])
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def _inner_contiguous(sch, block):
+    """The block's output is indexed by its last spatial iterator in the last dimension."""
+    blk = sch.get(block)
+    if len(blk.writes) != 1:
+        return False
+    region = blk.writes[0].region
+    iv = [v for v in blk.iter_vars if int(v.iter_type) == 0]
+    if not iv or not region:
+        return False
+    last = region[-1].min
+    return hasattr(last, "name") and last.same_as(iv[-1].var)
+
+
+def _vector_reduction(sch, block, inner, rloops):
+    sch.reorder(*rloops, inner)
+    sch.vectorize(inner)
+    init = _try(sch.decompose_reduction, block, rloops[0])
+    if init is not None:
+        _try(sch.vectorize, sch.get_loops(init)[-1])
 
 
 def _has_root(sch):
@@ -162,11 +192,12 @@ class CompiledGraph:
         import tvm
         from tvm import relax
         self.graph = graph
+        self.compiled_graph, self.masks = tvm_te.externalize_dropout(graph)
         self.lib_path = lib_path
         self.with_updates = with_updates
         self.build_seconds = build_seconds
         self.cached = cached
-        self.arg_names = tvm_te.runtime_args(graph)
+        self.arg_names = tvm_te.runtime_args(self.compiled_graph)
         self.folded = tvm_te.folded_consts(graph)
         self.dev = tvm.cpu()
         self._lib = tvm.runtime.load_module(lib_path)
@@ -179,7 +210,7 @@ class CompiledGraph:
 
     def _to_dev(self, name, value):
         import tvm
-        t = self.graph.types[name]
+        t = self.compiled_graph.types[name]
         v = np.ascontiguousarray(np.asarray(value), dtype=np_dtype(t.dtype))
         if v.shape != t.shape:
             raise GraphError(f"{name!r}: expected shape {t.shape}, got {v.shape}")
@@ -206,6 +237,8 @@ class CompiledGraph:
         if params:
             self.set_params(params)
         env = prepare_feeds(self.graph, inputs, feeds)
+        if self.masks:
+            env.update(tvm_te.mask_values(self.masks, env))
         args = [self._to_dev(n, env[n]) if n in env else self._tensors[n] for n in self.arg_names]
         return self._main(*args)
 
@@ -238,6 +271,7 @@ def build_module(graph: Graph, target=None, with_updates=False):
     """Build the Relax executable (no cache)."""
     from tvm import relax
     target = target or host_target()
+    graph, _ = tvm_te.externalize_dropout(graph)
     mod = tvm_te.to_relax(graph, with_updates=with_updates)
     return relax.build(mod, target=target, relax_pipeline=pipeline(target))
 
@@ -246,7 +280,7 @@ def compile(graph: Graph, *, cache=True, with_updates=False, num_threads=None, t
     """Compile a float Kiln graph for the host CPU. Raises NotImplementedError naming the node
     and op when an op has no TE definition."""
     graph.validate()
-    tvm_te.check_lowerable(graph, "host-llvm")
+    tvm_te.check_lowerable(tvm_te.externalize_dropout(graph)[0], "host-llvm")
     target = target or host_target()
     key = tvm_te.graph_signature(graph, extra={"target": str(target), "schedule": SCHEDULE_VERSION,
                                                "updates": with_updates})

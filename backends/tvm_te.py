@@ -132,8 +132,8 @@ _binary("mul", lambda a, b: a * b)
 _binary("div", lambda a, b: a / b)
 _binary("maximum", lambda a, b: te.max(a, b))
 _binary("minimum", lambda a, b: te.min(a, b))
-_binary("equal", lambda a, b: a == b)
-_binary("not_equal", lambda a, b: a != b)
+_binary("equal", lambda a, b: tirx.EQ(a, b))
+_binary("not_equal", lambda a, b: tirx.NE(a, b))
 _binary("less", lambda a, b: a < b)
 _binary("less_equal", lambda a, b: a <= b)
 _binary("greater", lambda a, b: a > b)
@@ -160,7 +160,7 @@ def _where(xs, a, out):
 def _cast_rule(xs, a, out):
     x = xs[0]
     if out.dtype == "bool":
-        return te.compute(_shape(x), lambda *i: x(*i) != _c(0, x.dtype), name="cast")
+        return te.compute(_shape(x), lambda *i: tirx.NE(x(*i), _c(0, x.dtype)), name="cast")
     return te.compute(_shape(x), lambda *i: x(*i).astype(out.dtype), name="cast")
 
 
@@ -267,7 +267,10 @@ def _conv2d_grad_input(xs, a, out):
     def f(n, h, wp, c):
         vh, oh = _tap(h, kh, G["pt"], G["dh"], G["sh"], G["oh"])
         vw, ow = _tap(wp, kw, G["pl"], G["dw"], G["sw"], G["ow"])
-        g, i = (c // I, c % I) if I > 1 else (c, 0)
+        if G["g"] == 1:
+            g, i = 0, c
+        else:
+            g, i = (c // I, c % I) if I > 1 else (c, 0)
         o = g * Og + (ro if ro is not None else 0)
         v = tirx.if_then_else(tirx.all(vh, vw), _cast(gy[n, oh, ow, o], ad), _c(0, ad))
         axes = [kh, kw] + ([ro] if ro is not None else [])
@@ -738,3 +741,45 @@ def to_relax(graph: Graph, dtype="float32", with_updates=False):
 def _safe(name):
     s = "".join(ch if ch.isalnum() else "_" for ch in name)
     return s if s and not s[0].isdigit() else "v_" + s
+
+
+# ---- dropout: the mask is made on the host ----------------------------------------------------
+def externalize_dropout(graph: Graph):
+    """Dropout's mask comes from NumPy's generator seeded by (key, salt) (the reference), which a
+    kernel cannot reproduce. Rewrite every ``dropout(x, key)`` into ``mul(x, mask)`` where ``mask``
+    is a new graph input that the runner computes on the host with the reference's
+    ``dropout_mask`` (so compiled dropout matches the reference exactly). Returns (graph, masks)
+    with masks [{name, key, shape, salt, rate, dtype}]; the graph is unchanged when it has no
+    dropout."""
+    if not any(n.op == "dropout" for n in graph.nodes):
+        return graph, []
+    from kiln.frontend.graph import Node
+    from kiln.frontend.types import TensorType
+    g = graph.copy()
+    masks, by_spec, nodes = [], {}, []
+    for n in g.nodes:
+        if n.op != "dropout":
+            nodes.append(n)
+            continue
+        x, key = n.inputs
+        t = g.types[x]
+        spec = (key, t.shape, n.attrs["salt"], float(n.attrs["rate"]), t.dtype)
+        if spec not in by_spec:
+            name = f"{key}.mask{len(masks)}"
+            g.types[name] = TensorType(t.shape, t.dtype)
+            g.inputs.append(name)
+            by_spec[spec] = name
+            masks.append({"name": name, "key": key, "shape": list(t.shape), "salt": spec[2], "rate": spec[3],
+                          "dtype": t.dtype})
+        nodes.append(Node(n.name, "mul", [x, by_spec[spec]], {}))
+    g.nodes = nodes
+    g._producer = {}
+    g.meta = dict(g.meta, dropout_masks=masks)
+    return g.validate(), masks
+
+
+def mask_values(masks, feeds):
+    """{mask input name: array} for the masks of ``externalize_dropout`` from the key inputs."""
+    from kiln.frontend.ops.nn import dropout_mask
+    return {m["name"]: dropout_mask(tuple(m["shape"]), np.asarray(feeds[m["key"]]), m["salt"], m["rate"],
+                                    m["dtype"]) for m in masks}
