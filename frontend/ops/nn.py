@@ -254,7 +254,12 @@ def pool_geometry(xshape, a):
     kh, kw = a["pool"]
     st = a["stride"] or a["pool"]
     aa = {"groups": xshape[3], "stride": st, "padding": a["padding"], "dilation": [1, 1]}
-    return conv_geometry(xshape, (xshape[3], kh, kw, 1), aa)
+    G = conv_geometry(xshape, (xshape[3], kh, kw, 1), aa)
+    if max(G["pt"], G["pb"]) >= kh or max(G["pl"], G["pr"]) >= kw:
+        # a window lying wholly in the padding has no maximum and no non-padding elements to average
+        raise ShapeError(f"pooling padding {a['padding']} must be smaller than the window {a['pool']} "
+                         f"on each side")
+    return G
 
 
 def _pool_infer(ts, a):
