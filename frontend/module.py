@@ -58,6 +58,8 @@ class Parameter:
     def __mul__(self, o): return self._t() * o
     def __rmul__(self, o): return o * self._t()
     def __truediv__(self, o): return self._t() / o
+    def __rtruediv__(self, o): return o / self._t()
+    def __abs__(self): return abs(self._t())
     def __matmul__(self, o): return self._t() @ o
     def __rmatmul__(self, o): return o @ self._t()
     def __neg__(self): return -self._t()

@@ -139,6 +139,7 @@ class Tensor:
     def __matmul__(self, o): return F.matmul(self, o)
     def __rmatmul__(self, o): return F.matmul(o, self)
     def __neg__(self): return F.neg(self)
+    def __abs__(self): return F.abs(self)
     def __pos__(self): return self
     def __pow__(self, p): return F.pow(self, p)
     def __lt__(self, o): return F.less(self, o)

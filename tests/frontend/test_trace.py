@@ -162,3 +162,17 @@ def test_input_specs():
     g = kf.trace(lambda a, b, c: a + F.cast(b, "float32") + F.cast(c, "float32"),
                  (2,), TensorType((2,), "int32"), np.zeros(2, np.int64), input_names=["a", "b", "c"])
     assert [str(g.types[i]) for i in g.inputs] == ["float32[2]", "int32[2]", "int64[2]"]
+
+
+def test_parameter_and_tensor_operators():
+    class M(kf.Module):
+        def __init__(self):
+            self.p = kf.Parameter(np.array([1.0, -2.0]))
+
+        def forward(self, x):
+            return (2.0 / self.p + abs(x) + abs(self.p) - self.p * x + (x - self.p) / self.p
+                    + self.p ** 2.0 + self.p[0] + self.p.T + self.p.sum() + 1.0 - self.p)
+    x = np.array([3.0, -4.0], np.float32)
+    p = np.array([1.0, -2.0], np.float32)
+    want = 2 / p + abs(x) + abs(p) - p * x + (x - p) / p + p ** 2 + p[0] + p + p.sum() + 1 - p
+    np.testing.assert_allclose(kf.run(kf.trace(M(), (2,)), x)[0], want, rtol=1e-6)
