@@ -93,6 +93,8 @@ class Device:
         self._last_icount: tuple[int, list[int]] | None = None
         self._in_restore = False
         self._last_invoke: InvokeResult | None = None
+        self._invoke_wall: float | None = None
+        self._retx_before_invoke = 0
 
     # ---- connection ----------------------------------------------------------------------
     @classmethod
@@ -312,7 +314,16 @@ class Device:
         exact instruction count when the device runs in QEMU with the plugin."""
         if self.instruction_counter is not None:
             self.instruction_counter(0)     # drop windows from earlier, unrelated runs
-        res = InvokeResult.unpack(self._transact(T.INVOKE, busy_timeout=self.invoke_timeout))
+        self._retx_before_invoke = self.stats.retransmits
+        # After one invoke we know how long it takes: a reply lost after the ACK then costs a
+        # few times that, not the whole invoke_timeout.
+        busy = self.invoke_timeout
+        if self._invoke_wall is not None:
+            busy = min(busy, max(4 * self._invoke_wall + 1.0, self.timeout))
+        t0 = time.monotonic()
+        res = InvokeResult.unpack(self._transact(T.INVOKE, busy_timeout=busy))
+        if self.stats.retransmits == self._retx_before_invoke:
+            self._invoke_wall = time.monotonic() - t0
         self._last_icount = None
         if self.instruction_counter is not None:
             got = self.instruction_counter(5.0)

@@ -189,7 +189,8 @@ def build(package_dir: str | os.PathLike, board: Board | str, out_dir: str | os.
         over = _overflows(p.stderr)
         if not over:
             raise FirmwareError(f"building firmware for {board.name} failed (exit {p.returncode}):\n"
-                                f"  {' '.join(cmd)}\n{(p.stderr + p.stdout).strip()[-4000:]}")
+                                f"{(p.stderr + p.stdout).strip()[-4000:]}\n"
+                                f"command: {' '.join(cmd)} (also in {out_dir / 'build_command.txt'})")
         raise _too_large(board, over, package_dir, gen, link, prefix, stack_size, semihosting)
 
     _run([tool("objcopy", prefix), "-O", "binary", str(elf), str(out_dir / "firmware.bin")], "objcopy")
