@@ -57,8 +57,22 @@ def _print_report(report):
         print(f"{k}: {v}")
 
 
-def main(argv=None):
+def user_errors():
+    """Exception types that mean 'bad input or a failed check', reported without a traceback.
+    boards/ and firmware/ import nothing of the compiler, so their errors are listed here."""
     from kiln.frontend.errors import KilnError
+    errs = [KilnError]
+    for mod, name in (("kiln.boards.schema", "BoardError"), ("kiln.boards.device", "DeviceError"),
+                      ("kiln.boards.qemu", "QemuError"), ("kiln.firmware.build", "FirmwareError")):
+        try:
+            errs.append(getattr(importlib.import_module(mod), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errs)
+
+
+def main(argv=None):
+    KilnError = user_errors()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
