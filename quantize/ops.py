@@ -129,7 +129,8 @@ def _fq_bounds(a, ndim, dtype):
 def fake_quant_array(x, a):
     s, z, _, _ = _fq_bounds(a, x.ndim, x.dtype)
     q = np.clip(fp.round_half_away((x.astype(np.float32) / s).astype(np.float32)) + z, a["qmin"], a["qmax"])
-    return ((q - z) * s).astype(x.dtype)
+    # dequantise as TFLite's DEQUANTIZE does: double(scale) * (q - zp), then to the float type
+    return ((q - z).astype(np.float64) * s.astype(np.float64)).astype(x.dtype)
 
 
 def _fq_vjp(n, xs, y, gy):
