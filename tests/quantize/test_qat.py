@@ -11,8 +11,9 @@ from kiln.quantize.qat import FakeQuantModule, qat
 
 def test_fake_quant_forward_is_quantize_dequantize():
     x = np.linspace(-3, 3, 101).astype(np.float32)
-    a = {"scale": [0.02], "zero_point": [10], "axis": None, "qmin": -128, "qmax": 127}
-    want = dequantize_array(quantize_array(x, 0.02, 10), 0.02, 10)
+    s = float(np.float32(0.02))      # scales are float32 values, as in a .tflite file
+    a = {"scale": [s], "zero_point": [10], "axis": None, "qmin": -128, "qmax": 127}
+    want = dequantize_array(quantize_array(x, s, 10), s, 10)
     np.testing.assert_array_equal(fake_quant_array(x, a), want)
 
 
