@@ -1,0 +1,104 @@
+"""Checkpoint files: one ``.npz`` holding named arrays plus a JSON header (``__meta__``).
+
+The header records the format and version, the training configuration, the epoch and step, the
+full state of every random generator (``bit_generator.state``, not just a seed), the schedule,
+the optimiser's scalars, the metrics history, and a SHA-256 over every array (name, dtype,
+shape, bytes). Arrays are named ``param/<name>``, ``buffer/<name>``, ``opt/<slot>/<name>`` and
+``loader/perm``.
+
+Writes are atomic: the file is written to ``<path>.tmp`` in the same folder, flushed and
+``fsync``-ed, renamed over ``path`` and the folder is ``fsync``-ed, so a kill at any moment
+leaves either the previous checkpoint or the new one, never a torn file. Reading a truncated,
+corrupt or foreign file raises :class:`CheckpointError` saying what is wrong.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import zipfile
+
+import numpy as np
+
+from kiln.frontend.errors import KilnError
+
+FORMAT = "kiln-checkpoint"
+VERSION = 1
+META = "__meta__"
+
+
+class CheckpointError(KilnError):
+    """A checkpoint is missing, corrupt, from a newer Kiln, or does not fit this run."""
+
+
+def _digest(arrays):
+    h = hashlib.sha256()
+    for k in sorted(arrays):
+        a = np.ascontiguousarray(arrays[k])
+        h.update(f"{k}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def atomic_write(path, data: bytes):
+    path = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save(path, meta: dict, arrays: dict):
+    """Write ``meta`` (JSON-able) and ``arrays`` (name -> ndarray) atomically to ``path``."""
+    arrays = {k: np.asarray(v) for k, v in arrays.items()}
+    for k, v in arrays.items():
+        if v.dtype == object:
+            raise CheckpointError(f"checkpoint array {k!r} has dtype object (not storable)")
+    head = dict(meta, format=FORMAT, version=VERSION, sha256=_digest(arrays))
+    blob = json.dumps(head, sort_keys=True).encode()
+    buf = io.BytesIO()
+    np.savez(buf, **{META: np.frombuffer(blob, np.uint8)}, **arrays)
+    atomic_write(path, buf.getvalue())
+    return os.fspath(path)
+
+
+def load(path):
+    """Read a checkpoint: returns (meta, arrays). Raises CheckpointError naming the problem."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            names = list(z.files)
+            if META not in names:
+                raise CheckpointError(f"{path}: not a Kiln checkpoint (no {META} header; arrays: {names[:5]})")
+            head = json.loads(z[META].tobytes().decode("utf-8"))
+            arrays = {k: z[k] for k in names if k != META}
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: corrupt or truncated checkpoint ({type(e).__name__}: {e}); "
+                              f"delete it (or restore a copy) and start again without --resume") from None
+    if not isinstance(head, dict) or head.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a Kiln checkpoint (header format {head.get('format')!r})")
+    v = head.get("version")
+    if not isinstance(v, int) or v > VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {v!r} is newer than this Kiln reads ({VERSION})")
+    if head.get("sha256") != _digest(arrays):
+        raise CheckpointError(f"{path}: checksum mismatch: the arrays do not match the header (corrupt checkpoint)")
+    return head, arrays

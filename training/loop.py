@@ -1,0 +1,333 @@
+"""``fit``: the training loop.
+
+Each optimiser step: the learning rate comes from the schedule; ``accum_steps`` micro-batches
+run through the step graph (forward + loss + backward in one graph) and their gradients are
+accumulated with weights n_i / n; BatchNorm buffers take the graph's updates; the global gradient
+norm is measured (and clipped with ``grad_clip``); a non-finite loss or norm stops the run after a
+check-mode re-run names the node; the optimiser updates the parameters in NumPy. At each epoch's
+end the test set is evaluated, a record goes to the history (and the JSON-lines log) and, with an
+output folder, a checkpoint is written (also every ``checkpoint_every`` steps).
+
+Determinism: everything random comes from two generators spawned from ``seed`` (the data loader's
+shuffling and augmentation; the dropout keys), and the model's initial weights come from
+``kiln.frontend.manual_seed``. The same seed, data, NumPy/BLAS build and thread count give a
+bit-identical run; resuming from a checkpoint restores the generators' full states, so a resumed
+run ends with exactly the parameters of an uninterrupted one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import numpy as np
+
+from kiln.frontend.errors import KilnError
+from kiln.frontend.module import Module
+from kiln.frontend.serialize import save as save_graph
+from kiln.frontend.trace import trace
+from kiln.frontend.types import TensorType
+
+from . import checkpoint as ckpt
+from .data import ArrayDataset, DataError, DataLoader, parse_augment
+from .losses import get_loss
+from .monitor import MetricsLog, Progress, clip_by_global_norm, diagnose, global_norm, progress_enabled
+from .optim import make_optimizer
+from .schedule import Schedule
+from .step import EvalGraph, GraphCache, StepGraph
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    epochs: int = 10
+    batch_size: int = 32
+    lr: float = 1e-3
+    optimizer: str = "adam"          # sgd | adam | adamw
+    momentum: float = 0.9            # SGD only
+    nesterov: bool = False           # SGD only
+    weight_decay: float | None = None  # None: the optimiser's default (0; AdamW 0.01)
+    schedule: str = "constant"       # constant | step | cosine
+    warmup_steps: int = 0
+    step_size: int | None = None     # 'step' schedule period in steps (default: a third of the run)
+    gamma: float = 0.1
+    min_lr: float = 0.0
+    loss: str = "cross_entropy"
+    label_smoothing: float = 0.0
+    grad_clip: float | None = None
+    accum_steps: int = 1
+    augment: str = ""                # e.g. "shift:1,noise:0.05"
+    drop_last: bool = False
+    seed: int = 0
+    checkpoint_every: int | None = None  # optimiser steps; checkpoints are also written at epoch ends
+    max_steps: int | None = None
+    eval_batch_size: int = 512
+
+
+# options that may differ between a run and its resumption
+RESUMABLE_CHANGES = ("epochs", "checkpoint_every", "max_steps", "eval_batch_size")
+
+
+@dataclasses.dataclass
+class FitResult:
+    module: Module          # the trained model, in eval mode
+    graph: object           # eval-mode Graph of the trained model (batch = input_shape[0])
+    metrics: dict           # the last epoch's record (+ steps, seconds)
+    history: list
+    steps: int
+    seconds: float
+    files: dict
+
+
+def _classes_correct(pred, y):
+    return int(np.sum(np.argmax(pred, axis=-1) == y))
+
+
+def evaluate(model, dataset: ArrayDataset, loss="cross_entropy", batch_size=512, params=None, buffers=None,
+             cache=None):
+    """Mean loss (and accuracy for class labels) of ``model`` in eval mode over ``dataset``."""
+    _, kind = get_loss(loss)
+    params = params if params is not None else {k: p.data for k, p in model.named_parameters()}
+    buffers = buffers if buffers is not None else {k: b.data for k, b in model.named_buffers()}
+    sample = dataset.x.shape[1:]
+    tshape = None if dataset.y is None else dataset.y.shape[1:]
+    cache = cache or GraphCache(lambda b: EvalGraph(model, sample, b, loss=loss, target_shape=tshape))
+    tot, correct, n = 0.0, 0, len(dataset)
+    for i in range(0, n, batch_size):
+        x = dataset.x[i:i + batch_size]
+        y = None if dataset.y is None else dataset.y[i:i + batch_size]
+        g = cache[len(x)]
+        lo, pred = g(params, buffers, x.astype(g.dtype, copy=False), y)
+        tot += lo * len(x)
+        if kind == "labels":
+            correct += _classes_correct(pred, y)
+    out = {"loss": tot / max(n, 1)}
+    if kind == "labels":
+        out["accuracy"] = correct / max(n, 1)
+    return out
+
+
+class _Run:
+    """Mutable state of one run (what a checkpoint holds)."""
+
+    def __init__(self, model, cfg, params, buffers, opt, sched, loader, step_rng):
+        self.model, self.cfg = model, cfg
+        self.params, self.buffers, self.opt, self.sched = params, buffers, opt, sched
+        self.loader, self.step_rng = loader, step_rng
+        self.epoch = self.step = 0
+        self.history = []
+        self.acc = {"loss_sum": 0.0, "correct": 0, "count": 0, "gnorm_sum": 0.0, "gnorm_max": 0.0, "steps": 0}
+        self.elapsed = 0.0
+
+    def pack(self, model_name):
+        ld = self.loader.state_dict()
+        osd = self.opt.state_dict()
+        meta = {"model": model_name, "config": dataclasses.asdict(self.cfg), "epoch": self.epoch,
+                "step": self.step, "params": {k: list(v.shape) for k, v in self.params.items()},
+                "buffers": {k: list(v.shape) for k, v in self.buffers.items()},
+                "optimizer": {"config": osd["config"], "t": osd["t"]}, "schedule": self.sched.config(),
+                "rng": {"loader": ld["rng"], "step": self.step_rng.bit_generator.state},
+                "loader": {"epoch": ld["epoch"], "pos": ld["pos"], "has_perm": ld["perm"] is not None},
+                "acc": self.acc, "history": self.history, "elapsed": self.elapsed}
+        arrays = {f"param/{k}": v for k, v in self.params.items()}
+        arrays.update({f"buffer/{k}": v for k, v in self.buffers.items()})
+        for slot, d in osd["slots"].items():
+            arrays.update({f"opt/{slot}/{k}": v for k, v in d.items()})
+        if ld["perm"] is not None:
+            arrays["loader/perm"] = ld["perm"]
+        return meta, arrays
+
+    def unpack(self, meta, arrays, model_name, path):
+        problems = []
+        if meta.get("model") != model_name:
+            problems.append(f"model {meta.get('model')!r} (this run: {model_name!r})")
+        old = meta.get("config", {})
+        for k, v in dataclasses.asdict(self.cfg).items():
+            if k not in RESUMABLE_CHANGES and old.get(k) != v:
+                problems.append(f"{k}={old.get(k)!r} (this run: {v!r})")
+        for kind, own in (("params", self.params), ("buffers", self.buffers)):
+            want = {k: list(v.shape) for k, v in own.items()}
+            if meta.get(kind) != want:
+                problems.append(f"{kind} differ (checkpoint: {meta.get(kind)}, model: {want})")
+        if problems:
+            raise ckpt.CheckpointError(f"{path} does not fit this run: " + "; ".join(problems)
+                                       + ". Resume with the same options, or start a new run in another --out")
+        try:
+            for k in self.params:
+                self.params[k][...] = arrays[f"param/{k}"]
+            for k in self.buffers:
+                self.buffers[k] = arrays[f"buffer/{k}"].astype(self.buffers[k].dtype)
+            slots = {}
+            for name, v in arrays.items():
+                if name.startswith("opt/"):
+                    _, slot, k = name.split("/", 2)
+                    slots.setdefault(slot, {})[k] = v
+            self.opt.load_state_dict({"config": meta["optimizer"]["config"], "t": meta["optimizer"]["t"],
+                                      "slots": slots})
+            ld = meta["loader"]
+            self.loader.load_state_dict({"rng": meta["rng"]["loader"], "epoch": ld["epoch"], "pos": ld["pos"],
+                                         "perm": arrays["loader/perm"] if ld["has_perm"] else None})
+            self.step_rng.bit_generator.state = meta["rng"]["step"]
+            self.sched = Schedule.from_config(meta["schedule"])
+            self.epoch, self.step = int(meta["epoch"]), int(meta["step"])
+            self.acc, self.history, self.elapsed = dict(meta["acc"]), list(meta["history"]), float(meta["elapsed"])
+        except (KeyError, ValueError, TypeError, KilnError) as e:
+            raise ckpt.CheckpointError(f"{path}: incomplete or incompatible checkpoint ({type(e).__name__}: {e})") from None
+
+
+def fit(model: Module, train: ArrayDataset, test: ArrayDataset | None = None, *, input_shape=None,
+        config: TrainConfig | None = None, out=None, resume=False, quiet=True, model_name=None,
+        **overrides) -> FitResult:
+    """Train ``model`` on ``train`` (evaluating on ``test`` after every epoch) and return a
+    :class:`FitResult`. Options are the fields of :class:`TrainConfig`, given as ``config`` and/or
+    keyword overrides. With ``out`` (a folder) it writes ``checkpoint.npz``, ``metrics.jsonl`` and,
+    at the end, the trained eval-mode graph ``model.json``/``model.npz`` (``kiln.frontend.load``
+    reads it); ``resume=True`` continues from ``out/checkpoint.npz``."""
+    cfg = dataclasses.replace(config or TrainConfig(), **overrides)
+    model_name = model_name or type(model).__name__
+    _, kind = get_loss(cfg.loss)
+    sample = tuple(input_shape[1:]) if input_shape else tuple(train.x.shape[1:])
+    for ds in (train, test):
+        if ds is not None and tuple(ds.x.shape[1:]) != sample:
+            raise DataError(f"dataset {ds.name!r} has samples of shape {ds.x.shape[1:]}, the model takes {sample}")
+        if ds is not None and kind == "labels" and (ds.y is None or ds.y.dtype.kind not in "iu"):
+            raise DataError(f"loss {cfg.loss!r} needs integer class labels; dataset {ds.name!r} has "
+                            f"{'none' if ds.y is None else ds.y.dtype}")
+    if cfg.accum_steps < 1:
+        raise KilnError(f"accum_steps must be >= 1, got {cfg.accum_steps}")
+    tshape = None if train.y is None else tuple(train.y.shape[1:])
+
+    params = {k: p.data.copy() for k, p in model.named_parameters()}
+    buffers = {k: b.data.copy() for k, b in model.named_buffers()}
+    dtype = next(iter(params.values())).dtype if params else np.dtype("float32")
+    loader_ss, step_ss = np.random.SeedSequence(cfg.seed).spawn(2)
+    loader = DataLoader(train, cfg.batch_size, shuffle=True, drop_last=cfg.drop_last,
+                        seed=np.random.default_rng(loader_ss), augment=parse_augment(cfg.augment), dtype=dtype)
+    steps_per_epoch = -(-len(loader) // cfg.accum_steps)
+    total = cfg.max_steps or steps_per_epoch * cfg.epochs
+    sched = Schedule(cfg.schedule, cfg.lr, step_size=cfg.step_size or max(1, total // 3), gamma=cfg.gamma,
+                     total=max(1, total - cfg.warmup_steps), min_lr=cfg.min_lr, warmup=cfg.warmup_steps)
+    opt = make_optimizer(cfg.optimizer, params, cfg.lr, cfg.momentum, cfg.nesterov, cfg.weight_decay)
+    run = _Run(model, cfg, params, buffers, opt, sched, loader, np.random.default_rng(step_ss))
+
+    files = {}
+    ck_path = os.path.join(out, "checkpoint.npz") if out else None
+    log = MetricsLog(os.path.join(out, "metrics.jsonl") if out else None)
+    if resume:
+        if not ck_path:
+            raise ckpt.CheckpointError("resume needs an output folder holding checkpoint.npz (--out)")
+        meta, arrays = ckpt.load(ck_path)
+        run.unpack(meta, arrays, model_name, ck_path)
+        log.rewrite(run.history)
+    elif out:
+        log.rewrite([])
+
+    steps = GraphCache(lambda b: StepGraph(model, cfg.loss, sample, b, tshape, cfg.label_smoothing, dtype))
+    evals = GraphCache(lambda b: EvalGraph(model, sample, b, loss=cfg.loss, target_shape=tshape, dtype=dtype))
+
+    def save_ckpt():
+        if ck_path:
+            ckpt.save(ck_path, *run.pack(model_name))
+
+    t0 = time.perf_counter() - run.elapsed
+    bar = Progress(progress_enabled(quiet), cfg.epochs, run.epoch)
+    try:
+        while run.epoch < cfg.epochs and not (cfg.max_steps and run.step >= cfg.max_steps):
+            bar.start_epoch(run.epoch, len(loader), loader.pos)
+            ended = False
+            while not ended:
+                if cfg.max_steps and run.step >= cfg.max_steps:
+                    break
+                group = []
+                while len(group) < cfg.accum_steps:
+                    b = loader.next_batch()
+                    if b is None:
+                        ended = True
+                        break
+                    group.append(b)
+                if group:
+                    _one_step(run, steps, group, bar)
+                    run.elapsed = time.perf_counter() - t0
+                    if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:
+                        save_ckpt()
+            if not ended:
+                break
+            rec = _end_epoch(run, test, evals, kind, cfg)
+            run.elapsed = time.perf_counter() - t0
+            rec["seconds"] = round(run.elapsed, 3)
+            run.history.append(rec)
+            save_ckpt()
+            log.append(rec)
+            bar.end_epoch(rec)
+    finally:
+        bar.close()
+    run.elapsed = time.perf_counter() - t0
+    if ck_path:
+        save_ckpt()
+        files["checkpoint"] = ck_path
+        files["metrics"] = log.path
+
+    model.load_state_dict({**run.params, **run.buffers})
+    model.eval()
+    shape = tuple(input_shape) if input_shape else (1,) + sample
+    graph = trace(model, TensorType(shape, dtype.name), name=model_name.replace("-", "_"))
+    if out:
+        files["graph"] = save_graph(graph, os.path.join(out, "model.json"))
+    metrics = dict(run.history[-1]) if run.history else {}
+    metrics.update(steps=run.step, seconds=round(run.elapsed, 3))
+    return FitResult(model, graph, metrics, run.history, run.step, run.elapsed, files)
+
+
+def _one_step(run, steps, group, bar):
+    cfg = run.cfg
+    lr = run.sched(run.step)
+    run.opt.lr = lr
+    n = sum(len(x) for x, _ in group)
+    total = None
+    for x, y in group:
+        sg = steps[len(x)]
+        key = int(run.step_rng.integers(0, 2**62)) if sg.has_dropout else None
+        loss, pred, grads, upd = sg(run.params, run.buffers, x, y, key)
+        where = f"epoch {run.epoch + 1}, step {run.step + 1}"
+        if not np.isfinite(loss):
+            diagnose(sg, run.params, run.buffers, x, y, key, where)
+        run.buffers.update(upd)
+        w = len(x) / n
+        if total is None:
+            total = grads if len(group) == 1 else {k: g * np.asarray(w, g.dtype) for k, g in grads.items()}
+        else:
+            for k, g in grads.items():
+                total[k] += g * np.asarray(w, g.dtype)
+        a = run.acc
+        a["loss_sum"] += loss * len(x)
+        a["count"] += len(x)
+        if sg.target_kind == "labels":
+            a["correct"] += _classes_correct(pred, y)
+        bar.batch(loss)
+    norm = global_norm(total)
+    if not np.isfinite(norm):
+        x, y = group[-1]
+        diagnose(steps[len(x)], run.params, run.buffers, x, y, key, f"epoch {run.epoch + 1}, step {run.step + 1}")
+    if cfg.grad_clip:
+        total = clip_by_global_norm(total, cfg.grad_clip, norm)
+    run.opt.step(total)
+    run.step += 1
+    run.acc["gnorm_sum"] += norm
+    run.acc["gnorm_max"] = max(run.acc["gnorm_max"], norm)
+    run.acc["steps"] += 1
+
+
+def _end_epoch(run, test, evals, kind, cfg):
+    a = run.acc
+    rec = {"epoch": run.epoch + 1, "step": run.step, "lr": run.opt.lr,
+           "train_loss": a["loss_sum"] / max(a["count"], 1),
+           "grad_norm": a["gnorm_sum"] / max(a["steps"], 1), "grad_norm_max": a["gnorm_max"]}
+    if kind == "labels":
+        rec["train_acc"] = a["correct"] / max(a["count"], 1)
+    if test is not None:
+        ev = evaluate(run.model, test, cfg.loss, cfg.eval_batch_size, run.params, run.buffers, evals)
+        rec["test_loss"] = ev["loss"]
+        if "accuracy" in ev:
+            rec["test_acc"] = ev["accuracy"]
+    run.epoch += 1
+    run.acc = {"loss_sum": 0.0, "correct": 0, "count": 0, "gnorm_sum": 0.0, "gnorm_max": 0.0, "steps": 0}
+    return rec
