@@ -1,12 +1,8 @@
 """Fixtures for the board/harness tests. Options (--board, --port, --lab-map) live in
 tests/conftest.py; the firmware fixtures are shared through tests/firmware/helpers.py."""
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "firmware"))
-import helpers  # noqa: E402  (tests/firmware/helpers.py)
+from tests.firmware import helpers
 
 
 @pytest.fixture(scope="session")

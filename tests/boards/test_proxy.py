@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-import helpers
-import make_tiny_dense as m
+from tests.firmware import helpers
+from tests.firmware.helpers import make_tiny_dense as m
 from kiln.boards.device import Device, DeviceTimeout
 from kiln.boards.proxy import FaultProxy
 

@@ -1,11 +1,7 @@
 """Fixtures for the firmware tests: built fixture images (cached per session), QEMU devices."""
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import helpers  # noqa: E402
+from tests.firmware import helpers
 
 
 def pytest_generate_tests(metafunc):

@@ -10,7 +10,7 @@ import pytest
 from kiln import boards
 from kiln.firmware import FirmwareError, ImageTooLarge, build, check_no_malloc, render
 
-import helpers
+from tests.firmware import helpers
 
 ALL = boards.board_names()
 

@@ -7,8 +7,8 @@ import subprocess
 import numpy as np
 import pytest
 
-import helpers
-import make_tiny_dense as m
+from tests.firmware import helpers
+from tests.firmware.helpers import make_tiny_dense as m
 
 
 def test_checked_in_files_match_generator():

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-import helpers
+from tests.firmware import helpers
 
 pytestmark = pytest.mark.qemu
 

@@ -5,8 +5,8 @@ import time
 import numpy as np
 import pytest
 
-import helpers
-import make_tiny_dense as m
+from tests.firmware import helpers
+from tests.firmware.helpers import make_tiny_dense as m
 
 pytestmark = pytest.mark.qemu
 
