@@ -48,11 +48,13 @@ def building(graph, param_names=None):
 
 
 def user_location():
-    """File and line of the innermost frame outside Kiln's own code."""
+    """File and line of the innermost frame outside Kiln's own code (a frame is Kiln's when its
+    module is ``kiln``/``kiln.*`` or its file lies in one of Kiln's source folders)."""
     f = sys._getframe(1)
     while f is not None:
+        mod = f.f_globals.get("__name__", "")
         path = os.path.abspath(f.f_code.co_filename)
-        if not path.startswith(_KILN_DIRS):
+        if not (mod == "kiln" or mod.startswith("kiln.") or path.startswith(_KILN_DIRS)):
             return f"{f.f_code.co_filename}:{f.f_lineno}"
         f = f.f_back
     return "<unknown>"
