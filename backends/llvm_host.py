@@ -211,7 +211,9 @@ class CompiledGraph:
     def _to_dev(self, name, value):
         import tvm
         t = self.compiled_graph.types[name]
-        v = np.ascontiguousarray(np.asarray(value), dtype=np_dtype(t.dtype))
+        v = np.asarray(value, dtype=np_dtype(t.dtype))
+        if not v.flags.c_contiguous:
+            v = v.copy(order="C")
         if v.shape != t.shape:
             raise GraphError(f"{name!r}: expected shape {t.shape}, got {v.shape}")
         return tvm.runtime.tensor(v, self.dev)

@@ -547,11 +547,11 @@ def _concat(xs, a, out):
 
     def f(*i):
         v = None
-        for k in reversed(range(len(xs))):
+        for k in reversed(range(len(xs))):   # innermost select: the last operand
             idx = list(i)
             idx[ax] = i[ax] - offs[k]
             val = xs[k](*idx)
-            v = val if v is None else tirx.if_then_else(i[ax] >= offs[k], val, v)
+            v = val if v is None else tirx.if_then_else(i[ax] < offs[k + 1], val, v)
         return v
     return te.compute(out.shape, f, name="concat")
 

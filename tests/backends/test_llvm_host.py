@@ -1,0 +1,222 @@
+"""Host LLVM backend (backends/llvm_host.py) against the NumPy reference: forward and
+training-step graphs, every float op's TE rule, the structure-keyed cache, errors, verify target."""
+import numpy as np
+import pytest
+
+import kiln
+from kiln.backends import llvm_host, tvm_te
+from kiln.frontend import executor
+from kiln.frontend.graph import Graph
+from kiln.frontend.registry import OPS
+from kiln.frontend.types import TensorType
+
+from tests.backends.server_models import make
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path_factory.getbasetemp() / "kiln-cache"))
+
+
+def close(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, **TOL)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_forward_and_training_step_match_numpy(name):
+    fwd, step, x, t = make(name)
+    close(llvm_host.compile(fwd)(x), executor.run(fwd, x))
+    close(llvm_host.compile(step)(x, t), executor.run(step, x, t))
+
+
+def test_batchnorm_buffer_updates_and_loss_outputs():
+    _, _, x, _ = make("cnn")
+    from kiln.training.step import StepGraph
+    from tests.backends.server_models import CNN
+    kiln.frontend.manual_seed(1)
+    sg = StepGraph(CNN(), "cross_entropy", (16, 16, 3), 4)
+    labels = np.array([0, 3, 1, 4])
+    feeds = sg.feeds(x, labels)
+    want, wupd = executor.run_updates(sg.graph, feeds=feeds)
+    cg = llvm_host.compile(sg.graph, with_updates=True)
+    got, gupd = cg.run_updates(feeds=feeds)
+    close(got, want)
+    assert set(gupd) == set(wupd) and wupd
+    for k in wupd:
+        np.testing.assert_allclose(gupd[k], wupd[k], **TOL)
+
+
+def test_cache_is_keyed_by_structure_not_values():
+    fwd, _, x, _ = make("mlp")
+    a = llvm_host.compile(fwd)
+    b = llvm_host.compile(fwd)
+    assert b.cached and a.lib_path == b.lib_path
+    new = {k: (v * 0.5 + 0.1).astype(v.dtype) for k, v in fwd.params.items()}
+    assert tvm_te.graph_signature(fwd) == tvm_te.graph_signature(_with_params(fwd, new))
+    close(b(x, params=new), executor.run(fwd, x, params=new))
+    # a different structure is a different module
+    _, step, _, _ = make("mlp")
+    assert tvm_te.graph_signature(step) != tvm_te.graph_signature(fwd)
+
+
+def _with_params(g, params):
+    g2 = g.copy()
+    g2.params = dict(params)
+    return g2
+
+
+# ---- every float op: one graph holding a table of single-op cases (one build) -----------------
+def _op_table():
+    rng = np.random.default_rng(3)
+    g = Graph("op_table")
+    feeds = {}
+
+    def inp(shape, dtype="float32", positive=False):
+        name = f"in{len(feeds)}"
+        g.add_input(name, TensorType(shape, dtype))
+        v = rng.standard_normal(shape).astype(dtype)
+        if positive:
+            v = np.abs(v) + 0.5
+        feeds[name] = v
+        return name
+    outs = []
+
+    def node(op, inputs, **attrs):
+        outs.append(g.add_node(op, inputs, attrs))
+        return outs[-1]
+    a, b, p = inp((3, 4, 5)), inp((4, 1)), inp((3, 4, 5), positive=True)
+    for op in ("neg", "exp", "tanh", "sigmoid", "relu", "relu6"):
+        node(op, [a])
+    node("log", [p]), node("sqrt", [p]), node("pow", [p], exponent=2.0), node("pow", [p], exponent=-1.5)
+    for op in ("add", "sub", "mul", "div", "maximum", "minimum"):
+        node(op, [a, b])
+    c = node("greater", [a, b])
+    node("cast", [c], dtype="float32")
+    node("where", [node("logical_or", [node("logical_and", [c, node("less_equal", [a, b])]),
+                                        node("logical_not", [node("not_equal", [a, a])])]), a, b])
+    node("cast", [node("equal", [a, b])], dtype="float32")
+    node("cast", [node("greater_equal", [a, b])], dtype="float32")
+    node("cast", [node("less", [a, b])], dtype="float32")
+    for axes, keep in ((None, False), ([1], True), ([0, 2], False)):
+        node("sum", [a], axes=axes, keepdims=keep)
+        node("mean", [a], axes=axes, keepdims=keep)
+        node("max", [a], axes=axes, keepdims=keep)
+    node("softmax", [a], axis=1), node("log_softmax", [a], axis=-1)
+    node("reshape", [a], shape=[5, -1]), node("transpose", [a], perm=[2, 0, 1])
+    node("broadcast_to", [b], shape=[2, 4, 6]), node("concat", [a, a], axis=1)
+    node("pad", [a], pads=[0, 1, 2, 0, 1, 1], value=0.5)
+    s = node("slice", [a], begin=[0, 1, 0], end=[3, 4, 5], strides=[2, 1, 2])
+    node("slice_grad", [s], shape=[3, 4, 5], begin=[0, 1, 0], end=[3, 4, 5], strides=[2, 1, 2])
+    m1, m2 = inp((2, 3, 4)), inp((4, 6))
+    node("matmul", [m1, m2])
+    w = inp((6, 4))
+    node("dense", [m1, w], activation="relu6")
+    x = inp((2, 7, 6, 4))
+    for stride, pad, dil, groups in (([1, 1], "same", [1, 1], 1), ([2, 2], "same", [1, 1], 1),
+                                     ([2, 1], "valid", [1, 2], 2), ([1, 1], [1, 0, 2, 1], [2, 1], 4)):
+        cw = inp((8 if groups != 4 else 4, 3, 3, 4 // groups))
+        bias = inp((8 if groups != 4 else 4,))
+        ca = dict(stride=stride, padding=pad, dilation=dil, groups=groups)
+        y = node("conv2d", [x, cw, bias], activation="relu", **ca)
+        node("conv2d_grad_input", [y, cw], input_shape=[2, 7, 6, 4], **ca)
+        node("conv2d_grad_weight", [x, y], weight_shape=list(g.types[cw].shape), **ca)
+    for pool, stride, pad in (([2, 2], None, "valid"), ([3, 3], [2, 2], "same"), ([2, 3], [1, 2], [1, 0, 1, 1])):
+        pa = dict(pool=pool, stride=stride, padding=pad)
+        y = node("avg_pool2d", [x], **pa)
+        node("avg_pool2d_grad", [y], input_shape=[2, 7, 6, 4], **pa)
+        yc = node("avg_pool2d", [x], count_include_pad=True, **pa)
+        node("avg_pool2d_grad", [yc], input_shape=[2, 7, 6, 4], count_include_pad=True, **pa)
+        mp = node("max_pool2d", [x], **pa)
+        node("max_pool2d_grad", [x, mp], **pa)
+        node("max_pool2d_gather", [x, x], **pa)
+    g.outputs = [o for o in outs if g.types[o].dtype != "bool"]
+    return g.validate(), feeds
+
+
+def test_every_float_op_matches_numpy():
+    g, feeds = _op_table()
+    covered = {n.op for n in g.nodes}
+    float_ops = {n for n, o in OPS.items() if o.ref is not None and o.ref.__module__.startswith("kiln.frontend.ops")}
+    assert float_ops - covered - {"dropout"} == set(), "ops missing from the table"
+    got = llvm_host.compile(g)(feeds=feeds)
+    want = executor.run(g, feeds=feeds)
+    for name, gv, wv in zip(g.outputs, got, want):
+        np.testing.assert_allclose(gv, wv, err_msg=f"{name} ({g.producer(name).op})", **TOL)
+
+
+def test_max_pool_grad_ties_go_to_first_maximum():
+    g = Graph("ties")
+    g.add_input("x", TensorType((1, 4, 4, 1)))
+    g.add_input("gy", TensorType((1, 2, 2, 1)))
+    g.outputs = [g.add_node("max_pool2d_grad", ["x", "gy"], {"pool": [2, 2]})]
+    x = np.ones((1, 4, 4, 1), np.float32)
+    gy = np.arange(1, 5, dtype=np.float32).reshape(1, 2, 2, 1)
+    np.testing.assert_array_equal(llvm_host.compile(g)(x, gy)[0], executor.run(g, x, gy)[0])
+
+
+def test_dropout_matches_reference_mask():
+    g = Graph("drop")
+    g.add_input("x", TensorType((4, 16)))
+    g.add_input("key", TensorType((), "int64"))
+    d = g.add_node("dropout", ["x", "key"], {"rate": 0.3, "salt": 5})
+    g.outputs = [g.add_node("relu", [d])]
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    cg = llvm_host.compile(g)
+    for key in (1, 2):
+        close(cg(x, np.int64(key)), executor.run(g, x, np.int64(key)))
+
+
+def test_missing_te_rule_names_op_and_node():
+    fwd, _, x, _ = make("mlp")
+    g = fwd.copy()
+    g.outputs = [g.add_node("tanh", [g.outputs[0]], name="my_tanh")]
+    rule = OPS["tanh"].lower.pop("te")
+    try:
+        with pytest.raises(NotImplementedError, match=r"TE lowering for 'tanh'.*'my_tanh'"):
+            llvm_host.compile(g)
+    finally:
+        OPS["tanh"].lower["te"] = rule
+
+
+def test_quantised_graph_is_rejected():
+    g = Graph("q")
+    from kiln.frontend.types import QParams
+    g.add_input("x", TensorType((2, 4), "int8", QParams(0.1, 0)))
+    g.outputs = [g.add_node("reshape", ["x"], {"shape": [8]})]
+    with pytest.raises(NotImplementedError, match="quantised operand"):
+        llvm_host.compile(g)
+
+
+def test_host_llvm_verify_target(tmp_path):
+    import kiln.backends.targets_server  # noqa: F401  (registers host-llvm)
+    from kiln.commands.verify import verify
+    fwd, _, x, _ = make("mlp")
+    path = tmp_path / "mlp.json"
+    kiln.save(fwd, str(path))
+    xs = [x, x * 0.5]
+    np.savez(tmp_path / "golden.npz", **{f"in_{k}": v for k, v in enumerate(xs)},
+             **{f"out_{k}": executor.run(fwd, v)[0] for k, v in enumerate(xs)})
+    rep = verify(str(path), str(tmp_path / "golden.npz"), "host-llvm")
+    assert rep["ok"], rep
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["digits-cnn", "ds-cnn", "fc-autoencoder"])
+def test_zoo_training_steps_match_numpy(model):
+    from kiln.training import zoo
+    from kiln.training.step import StepGraph
+    zm = zoo.get(model)
+    sg = StepGraph(zm.module, zm.loss, zm.input_shape[1:], 8)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8,) + tuple(zm.input_shape[1:])).astype(np.float32)
+    y = rng.integers(0, zm.num_classes or 2, 8) if sg.target_input == "labels" else None
+    feeds = sg.feeds(x, y, 3)
+    got = llvm_host.compile(sg.graph)(feeds=feeds)
+    want = executor.run(sg.graph, feeds=feeds)
+    for gv, wv in zip(got, want):
+        np.testing.assert_allclose(gv, wv, rtol=1e-4, atol=1e-5)
