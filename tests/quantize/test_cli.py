@@ -1,0 +1,53 @@
+"""kiln verify --target reference, kiln inspect, kiln quantize."""
+import json
+import os
+
+import pytest
+
+from kiln.cli import main
+
+
+def _json(capsys, argv):
+    rc = main(argv + ["--json"])
+    out = capsys.readouterr().out
+    return rc, json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("model, macs", [("kws_ref_model", 2_656_768), ("pretrainedResnet_quant", 12_501_632)])
+def test_inspect_shared_models(shared_models, capsys, model, macs):
+    rc, rep = _json(capsys, ["inspect", os.path.join(shared_models, model + ".tflite")])
+    assert rc == 0 and rep["macs"] == macs
+    assert rep["weight_bytes"] > 20_000 and rep["peak_activation_bytes"] > 0
+    assert rep["ops"][0]["quant"].startswith("s=")
+
+
+@pytest.mark.parametrize("model", ["kws_ref_model", "pretrainedResnet_quant"])
+def test_verify_cli_exit_codes(shared_models, capsys, model, tmp_path):
+    path = os.path.join(shared_models, model + ".tflite")
+    golden = os.path.join(shared_models, model + ".golden.npz")
+    assert main(["verify", path, "--golden", golden, "--target", "reference"]) == 0
+    import numpy as np
+    z = dict(np.load(golden))
+    z["out_0"] = z["out_0"].copy()
+    z["out_0"].flat[3] ^= 1
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **z)
+    assert main(["verify", path, "--golden", str(bad), "--target", "reference"]) == 1
+    capsys.readouterr()
+
+
+def test_quantize_cli_ptq_and_export(digits_model, tmp_path, capsys):
+    from kiln.frontend import save
+    g, _ = digits_model
+    src = save(g, str(tmp_path / "digits.json"))
+    rc, rep = _json(capsys, ["quantize", src, "--data", "digits", "--tflite", str(tmp_path / "d.tflite"),
+                             "--calibration-size", "200"])
+    assert rc == 0 and rep["mode"] == "ptq" and abs(rep["delta_pp"]) <= 2.0
+    assert os.path.exists(rep["files"]["graph"]) and os.path.exists(rep["files"]["tflite"])
+    rc, rep2 = _json(capsys, ["inspect", rep["files"]["tflite"]])
+    assert rc == 0 and rep2["macs"] == 25_600
+
+
+def test_quantize_cli_errors(tmp_path, capsys):
+    assert main(["quantize", str(tmp_path / "missing.json")]) == 1
+    assert "no such graph file" in capsys.readouterr().err
