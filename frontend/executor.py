@@ -73,8 +73,11 @@ def run(graph: Graph, *args, feeds=None, params=None, check=False, stats: RunSta
                 raise GraphError(f"override of {k!r}: expected shape {graph.types[k].shape}, got {v.shape}")
             tensors[k] = v
     want = list(outputs if outputs is not None else graph.outputs)
-    last = graph.last_use()
-    for w in list(want) + list(keep):
+    last = {}                                   # value -> index of the last node reading it
+    for k, node in enumerate(graph.nodes):
+        for i in node.inputs:
+            last[i] = k
+    for w in list(want) + list(keep):           # what is returned lives to the end
         last[w] = len(graph.nodes)
     for name in [n for n in env if n not in last]:     # inputs nothing reads are dropped at once
         del env[name]

@@ -136,3 +136,10 @@ def test_run_updates_returns_new_buffer_values():
     assert set(upd) == {"running_mean", "running_var"}
     np.testing.assert_allclose(upd["running_mean"], 0.1 * x.mean((0, 1, 2)), rtol=1e-6)
     assert kf.run_updates(kf.trace(lambda x: x * 2.0, (2,)), np.ones(2, np.float32))[1] == {}
+
+
+def test_only_requested_values_live_to_the_end():
+    g = kf.trace(lambda x: (F.exp(x), F.neg(F.exp(x))), (N,))
+    st = kf.RunStats()
+    kf.run(g, np.ones(N, np.float32), outputs=[g.outputs[1]], stats=st)
+    assert st.peak_live_bytes == 2 * B     # the unrequested exp dies as soon as it is made
