@@ -141,7 +141,49 @@ def _conv_infer(ts, a):
     return tt((G["N"], G["oh"], G["ow"], G["O"]), ts[0].dtype)
 
 
+def _taps(G):
+    return [(kh, kw) for kh in range(G["KH"]) for kw in range(G["KW"])]
+
+
+def _fast_kind(G):
+    """Which fast path computes this conv exactly like the einsum oracle (to rounding): 'dense'
+    (groups = 1: im2col + one matmul), 'depthwise' (one input and one output channel per group:
+    a multiply-accumulate per tap) or None (other grouped convs: the oracle itself)."""
+    if G["g"] == 1:
+        return "dense"
+    if G["I"] == 1 and G["O"] == G["g"]:
+        return "depthwise"
+    return None
+
+
+def _im2col(xp, G):
+    """[N, oh, ow, KH*KW*C] patches of the padded input: taps in (kh, kw) order, channels last,
+    matching OHWI weights reshaped to [O, KH*KW*I]."""
+    return np.concatenate([xp[_win(G, kh, kw)] for kh, kw in _taps(G)], axis=-1)
+
+
 def conv2d_nobias(x, w, a):
+    """The float reference used by the executor: fast paths for groups = 1 and depthwise (BLAS
+    matmul / per-tap multiply-accumulate), the per-tap einsum oracle otherwise. Tests check the
+    fast paths against :func:`conv2d_nobias_einsum`."""
+    G = conv_geometry(x.shape, w.shape, a)
+    kind = _fast_kind(G)
+    if kind is None:
+        return conv2d_nobias_einsum(x, w, a)
+    xp = _padded(x, G)
+    dt = np.result_type(x, w)
+    if kind == "dense":
+        cols = _im2col(xp, G)
+        y = np.matmul(cols.reshape(-1, cols.shape[-1]), w.reshape(G["O"], -1).T)
+        return y.reshape(G["N"], G["oh"], G["ow"], G["O"]).astype(dt, copy=False)
+    acc = np.zeros((G["N"], G["oh"], G["ow"], G["O"]), dt)
+    for kh, kw in _taps(G):
+        acc += xp[_win(G, kh, kw)] * w[:, kh, kw, 0]
+    return acc
+
+
+def conv2d_nobias_einsum(x, w, a):
+    """The oracle: one einsum per kernel tap, any groups."""
     G = conv_geometry(x.shape, w.shape, a)
     g, I, Og = G["g"], G["I"], G["O"] // G["g"]
     xp = _padded(x, G)
@@ -190,6 +232,26 @@ def _cgi_infer(ts, a):
 
 
 def conv2d_grad_input_ref(gy, w, a):
+    """Fast paths as in :func:`conv2d_nobias`; oracle: :func:`conv2d_grad_input_einsum`."""
+    G = conv_geometry(tuple(a["input_shape"]), w.shape, a)
+    kind = _fast_kind(G)
+    if kind is None:
+        return conv2d_grad_input_einsum(gy, w, a)
+    C = G["C"]
+    gxp = np.zeros((G["N"], G["H"] + G["pt"] + G["pb"], G["W"] + G["pl"] + G["pr"], C), np.result_type(gy, w))
+    if kind == "dense":
+        gcols = np.matmul(gy.reshape(-1, G["O"]), w.reshape(G["O"], -1))
+        gcols = gcols.reshape(G["N"], G["oh"], G["ow"], -1)
+        for t, (kh, kw) in enumerate(_taps(G)):
+            gxp[_win(G, kh, kw)] += gcols[..., t * C:(t + 1) * C]
+    else:
+        for kh, kw in _taps(G):
+            gxp[_win(G, kh, kw)] += gy * w[:, kh, kw, 0]
+    gx = gxp[:, G["pt"]:G["pt"] + G["H"], G["pl"]:G["pl"] + G["W"]]
+    return gx.reshape(a["input_shape"]).astype(gy.dtype, copy=False)
+
+
+def conv2d_grad_input_einsum(gy, w, a):
     G = conv_geometry(tuple(a["input_shape"]), w.shape, a)
     g, I, Og = G["g"], G["I"], G["O"] // G["g"]
     gyg = gy.reshape(G["N"], G["oh"], G["ow"], g, Og)
@@ -212,6 +274,23 @@ def _cgw_infer(ts, a):
 
 
 def conv2d_grad_weight_ref(x, gy, a):
+    """Fast paths as in :func:`conv2d_nobias`; oracle: :func:`conv2d_grad_weight_einsum`."""
+    G = conv_geometry(x.shape, tuple(a["weight_shape"]), a)
+    kind = _fast_kind(G)
+    if kind is None:
+        return conv2d_grad_weight_einsum(x, gy, a)
+    xp = _padded(x, G)
+    if kind == "dense":
+        cols = _im2col(xp, G)
+        gw = np.matmul(gy.reshape(-1, G["O"]).T, cols.reshape(-1, cols.shape[-1]))
+    else:
+        gw = np.zeros((G["O"], G["KH"], G["KW"], 1), np.result_type(x, gy))
+        for kh, kw in _taps(G):
+            gw[:, kh, kw, 0] = np.sum(xp[_win(G, kh, kw)] * gy, axis=(0, 1, 2))
+    return gw.reshape(a["weight_shape"]).astype(x.dtype, copy=False)
+
+
+def conv2d_grad_weight_einsum(x, gy, a):
     G = conv_geometry(x.shape, tuple(a["weight_shape"]), a)
     g, I, Og = G["g"], G["I"], G["O"] // G["g"]
     xp = _padded(x, G)
