@@ -351,6 +351,8 @@ def compile(graph: Graph, out_dir, arch="sm_90", dtype="float32", with_updates=F
     if dtype not in DTYPES:
         raise KilnError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     graph.validate()
+    user_inputs = list(graph.inputs)
+    graph, masks = tvm_te.externalize_dropout(graph)
     tvm_te.check_lowerable(graph, f"cuda ({arch})")
     t0 = time.time()
     target = gpu_target(arch)
@@ -437,6 +439,7 @@ def compile(graph: Graph, out_dir, arch="sm_90", dtype="float32", with_updates=F
         "signature": tvm_te.graph_signature(graph, dtype, extra={"target": "cuda", "arch": arch}),
         "tvm": tvm.__version__, "sources": ["kernels.cu"], "arena_bytes": arena, "alignment": ALIGN,
         "weights_file": "weights.bin", "weights_bytes": len(blob),
+        "user_inputs": user_inputs, "dropout_masks": masks,
         "inputs": [{"name": i, **values[i], "offset": offsets[i], "bytes": _nbytes(values[i]["shape"], values[i]["dtype"])}
                    for i in graph.inputs],
         "outputs": [{"name": go, **loc(o), "shape": values[o]["shape"], "dtype": values[o]["dtype"]}
@@ -509,6 +512,18 @@ def check_package(pkg):
     return m
 
 
+def expand_inputs(m, inputs):
+    """Package inputs (manifest order) from the user's inputs: adds the dropout masks, made on the
+    host from the key inputs with the reference's generator."""
+    users = m.get("user_inputs") or [i["name"] for i in m["inputs"]]
+    if len(inputs) != len(users):
+        raise KilnError(f"package takes {len(users)} inputs {users}, got {len(inputs)}")
+    env = dict(zip(users, inputs))
+    if m.get("dropout_masks"):
+        env.update(tvm_te.mask_values(m["dropout_masks"], env))
+    return [env[i["name"]] for i in m["inputs"]]
+
+
 def _aligned_bytes(n, align=ALIGN):
     raw = np.empty(n + align, np.uint8)
     start = (-raw.ctypes.data) % align
@@ -537,9 +552,7 @@ def interpret_plan(pkg, inputs, params=None, poison=True):
             if w["name"] in params:
                 raw = to_storage(np.asarray(params[w["name"]]), w["dtype"]).view(np.uint8).ravel()
                 weights[w["offset"]:w["offset"] + w["bytes"]] = raw
-    if len(inputs) != len(m["inputs"]):
-        raise KilnError(f"package takes {len(m['inputs'])} inputs, got {len(inputs)}")
-    for spec, x in zip(m["inputs"], inputs):
+    for spec, x in zip(m["inputs"], expand_inputs(m, inputs)):
         raw = to_storage(np.asarray(x, np.float32 if spec["dtype"] in DTYPES else spec["dtype"]).reshape(spec["shape"]),
                          spec["dtype"]).view(np.uint8).ravel()
         arena[spec["offset"]:spec["offset"] + spec["bytes"]] = raw

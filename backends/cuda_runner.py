@@ -19,7 +19,7 @@ import numpy as np
 
 from kiln.frontend.errors import KilnError
 
-from .cuda import DTYPES, from_storage, load_manifest, to_storage
+from .cuda import DTYPES, expand_inputs, from_storage, load_manifest, to_storage
 
 
 class CudaUnavailable(KilnError):
@@ -138,10 +138,7 @@ class CudaRunner:
         return self
 
     def upload(self, inputs):
-        if len(inputs) != len(self.m["inputs"]):
-            raise KilnError(f"package takes {len(self.m['inputs'])} inputs "
-                            f"({[i['name'] for i in self.m['inputs']]}), got {len(inputs)}")
-        for spec, x in zip(self.m["inputs"], inputs):
+        for spec, x in zip(self.m["inputs"], expand_inputs(self.m, inputs)):
             x = np.asarray(x)
             if tuple(x.shape) != tuple(spec["shape"]):
                 raise KilnError(f"input {spec['name']!r}: expected shape {spec['shape']}, got {list(x.shape)}")
