@@ -19,25 +19,26 @@ def _unary_infer(name):
     return infer
 
 
-def _unary(name, ref, vjp, props=()):
+def _unary(name, ref, vjp, props=(), doc=""):
     register(name, infer=_unary_infer(name), ref=lambda xs, a: ref(xs[0]).astype(xs[0].dtype, copy=False),
-             vjp=vjp, props={ELEMENTWISE, UNARY, *props}, arity=1)
+             vjp=vjp, props={ELEMENTWISE, UNARY, *props}, arity=1, doc=doc)
 
 
-_unary("neg", np.negative, lambda n, xs, y, gy: [-gy])
-_unary("exp", np.exp, lambda n, xs, y, gy: [gy * y])
-_unary("log", np.log, lambda n, xs, y, gy: [gy / xs[0]])
-_unary("sqrt", np.sqrt, lambda n, xs, y, gy: [gy / (y * 2.0)])
-_unary("tanh", np.tanh, lambda n, xs, y, gy: [gy * (1.0 - y * y)], props={QUANTIZABLE})
+_unary("neg", np.negative, lambda n, xs, y, gy: [-gy], doc="-x")
+_unary("exp", np.exp, lambda n, xs, y, gy: [gy * y], doc="e**x (VJP reads the output)")
+_unary("log", np.log, lambda n, xs, y, gy: [gy / xs[0]], doc="natural logarithm")
+_unary("sqrt", np.sqrt, lambda n, xs, y, gy: [gy / (y * 2.0)], doc="square root; gradient inf at 0 (as torch)")
+_unary("tanh", np.tanh, lambda n, xs, y, gy: [gy * (1.0 - y * y)], props={QUANTIZABLE},
+       doc="hyperbolic tangent (VJP reads the output)")
 _unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), lambda n, xs, y, gy: [gy * (y * (1.0 - y))],
-       props={QUANTIZABLE})
+       props={QUANTIZABLE}, doc="logistic 1 / (1 + e**-x) (VJP reads the output)")
 # relu/relu6 VJPs read the output (y > 0 exactly when x > 0), as torch's threshold_backward does:
 # the pre-activation then dies with the forward pass instead of living until the backward.
 _unary("relu", lambda x: np.maximum(x, 0), lambda n, xs, y, gy: [F.where(y > 0.0, gy, 0.0)],
-       props={QUANTIZABLE})
+       props={QUANTIZABLE}, doc="max(x, 0); gradient 0 at 0 (as torch)")
 _unary("relu6", lambda x: np.minimum(np.maximum(x, 0), 6),
        lambda n, xs, y, gy: [F.where(F.logical_and(y > 0.0, y < 6.0), gy, 0.0)],
-       props={QUANTIZABLE})
+       props={QUANTIZABLE}, doc="min(max(x, 0), 6); gradient 0 at 0 and 6 (as torch)")
 
 
 def _pow_ref(xs, a):
@@ -69,7 +70,9 @@ def _binary_infer(name, out_dtype=None):
 
 def _binary(name, ref, vjp, props=()):
     register(name, infer=_binary_infer(name), ref=lambda xs, a: ref(xs[0], xs[1]).astype(xs[0].dtype, copy=False),
-             vjp=vjp, props={ELEMENTWISE, BINARY, *props}, arity=2)
+             vjp=vjp, props={ELEMENTWISE, BINARY, *props}, arity=2,
+             doc=f"elementwise {name}, NumPy broadcasting" + ("; a tie splits the gradient equally (as torch)"
+                                                             if name in ("maximum", "minimum") else ""))
 
 
 def _ub(g, x):
@@ -98,7 +101,8 @@ _binary("minimum", np.minimum, _minmax_vjp(F.less))
 # ---- comparisons and logic (bool results, no gradient) ---------------------------------------
 def _cmp(name, ref):
     register(name, infer=_binary_infer(name, "bool"), ref=lambda xs, a: ref(xs[0], xs[1]),
-             vjp=lambda n, xs, y, gy: [None, None], props={ELEMENTWISE, BINARY, NONDIFF}, arity=2)
+             vjp=lambda n, xs, y, gy: [None, None], props={ELEMENTWISE, BINARY, NONDIFF}, arity=2,
+             doc="bool result, NumPy broadcasting; no gradient")
 
 
 _cmp("equal", np.equal)
@@ -109,7 +113,7 @@ _cmp("greater", np.greater)
 _cmp("greater_equal", np.greater_equal)
 _cmp("logical_and", np.logical_and)
 _cmp("logical_or", np.logical_or)
-register("logical_not", infer=lambda ts, a: tt(ts[0].shape, "bool"), ref=lambda xs, a: np.logical_not(xs[0]),
+register("logical_not", infer=lambda ts, a: tt(ts[0].shape, "bool"), ref=lambda xs, a: np.logical_not(xs[0]), doc="bool not",
          vjp=lambda n, xs, y, gy: [None], props={ELEMENTWISE, UNARY, NONDIFF}, arity=1)
 
 
@@ -141,4 +145,5 @@ def _cast_vjp(n, xs, y, gy):
 
 
 register("cast", attrs={"dtype": Attr("str", "float32", DTYPES)}, infer=_cast_infer,
-         ref=lambda xs, a: xs[0].astype(a["dtype"]), vjp=_cast_vjp, props={ELEMENTWISE, UNARY}, arity=1)
+         ref=lambda xs, a: xs[0].astype(a["dtype"]), vjp=_cast_vjp, props={ELEMENTWISE, UNARY}, arity=1,
+         doc="dtype conversion; the gradient flows between float dtypes only")

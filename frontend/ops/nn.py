@@ -387,7 +387,8 @@ AVG = {**POOL, "count_include_pad": Attr("bool", False)}
 register("avg_pool2d", attrs=AVG, infer=_pool_infer, ref=_avg_ref,
          vjp=lambda n, xs, y, gy: [F.avg_pool2d_grad(gy, xs[0].shape, **_pool_attrs(n.attrs),
                                                      count_include_pad=n.attrs["count_include_pad"])],
-         props={QUANTIZABLE}, arity=1)
+         props={QUANTIZABLE}, arity=1,
+         doc="NHWC average pooling; padding excluded from the count (TFLite) unless count_include_pad")
 register("avg_pool2d_grad", attrs={**AVG, "input_shape": Attr("ints", ())},
          infer=lambda ts, a: tt(a["input_shape"], ts[0].dtype), ref=_avg_grad_ref,
          vjp=lambda n, xs, y, gy: [F.avg_pool2d(gy, **_pool_attrs(n.attrs), count_include_pad=n.attrs["count_include_pad"])],
@@ -443,7 +444,8 @@ def _max_gather_ref(xs, a):
 
 
 register("max_pool2d", attrs=POOL, infer=_pool_infer, ref=_max_ref,
-         vjp=lambda n, xs, y, gy: [F.max_pool2d_grad(xs[0], gy, **n.attrs)], props={QUANTIZABLE}, arity=1)
+         vjp=lambda n, xs, y, gy: [F.max_pool2d_grad(xs[0], gy, **n.attrs)], props={QUANTIZABLE}, arity=1,
+         doc="NHWC max pooling; gradient to each window's first maximum (row-major, as torch)")
 register("max_pool2d_grad", attrs=POOL, infer=lambda ts, a: ts[0], ref=_max_grad_ref,
          vjp=lambda n, xs, y, gy: [None, F.max_pool2d_gather(xs[0], gy, **n.attrs)], arity=2,
          doc="(x, grad_out) -> grad_x: routes each window's gradient to its first maximum")

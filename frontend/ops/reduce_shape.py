@@ -58,10 +58,12 @@ def _max_vjp(n, xs, y, gy):
 
 
 register("sum", attrs=_RED, infer=_red_infer("sum"), ref=_sum_ref,
-         vjp=lambda n, xs, y, gy: [_expand_back(gy, xs[0], n.attrs)], props={REDUCTION}, arity=1)
+         vjp=lambda n, xs, y, gy: [_expand_back(gy, xs[0], n.attrs)], props={REDUCTION}, arity=1,
+         doc="sum over axes (None: all)")
 register("mean", attrs=_RED, infer=_red_infer("mean"), ref=_mean_ref, vjp=_mean_vjp,
-         props={REDUCTION, QUANTIZABLE}, arity=1)
-register("max", attrs=_RED, infer=_red_infer("max"), ref=_max_ref, vjp=_max_vjp, props={REDUCTION}, arity=1)
+         props={REDUCTION, QUANTIZABLE}, arity=1, doc="mean over axes (None: all)")
+register("max", attrs=_RED, infer=_red_infer("max"), ref=_max_ref, vjp=_max_vjp, props={REDUCTION}, arity=1,
+         doc="max over axes; ties share the gradient equally (torch.amax)")
 
 
 # ---- softmax --------------------------------------------------------------------------------
@@ -96,9 +98,9 @@ def _log_softmax_vjp(n, xs, y, gy):
 
 
 register("softmax", attrs={"axis": Attr("int", -1)}, infer=_sm_infer, ref=_softmax_ref, vjp=_softmax_vjp,
-         props={QUANTIZABLE}, arity=1)
+         props={QUANTIZABLE}, arity=1, doc="softmax along axis (max-subtracted)")
 register("log_softmax", attrs={"axis": Attr("int", -1)}, infer=_sm_infer, ref=_log_softmax_ref,
-         vjp=_log_softmax_vjp, arity=1)
+         vjp=_log_softmax_vjp, arity=1, doc="log of softmax along axis (stable)")
 
 
 # ---- shape ops ------------------------------------------------------------------------------
@@ -119,7 +121,8 @@ def resolve_shape(shape, size):
 register("reshape", attrs={"shape": Attr("ints", ())},
          infer=lambda ts, a: tt(resolve_shape(a["shape"], ts[0].size), ts[0].dtype, ts[0].quant),
          ref=lambda xs, a: np.reshape(xs[0], resolve_shape(a["shape"], xs[0].size)),
-         vjp=lambda n, xs, y, gy: [F.reshape(gy, xs[0].shape)], props={SHAPE, QUANTIZABLE}, arity=1)
+         vjp=lambda n, xs, y, gy: [F.reshape(gy, xs[0].shape)], props={SHAPE, QUANTIZABLE}, arity=1,
+         doc="row-major reshape; one -1 is inferred")
 
 
 def _perm(a, ndim):
@@ -135,7 +138,7 @@ register("transpose", attrs={"perm": Attr("ints", None)},
          infer=lambda ts, a: tt([ts[0].shape[i] for i in _perm(a, ts[0].ndim)], ts[0].dtype, ts[0].quant),
          ref=lambda xs, a: np.transpose(xs[0], _perm(a, xs[0].ndim)),
          vjp=lambda n, xs, y, gy: [F.transpose(gy, list(np.argsort(_perm(n.attrs, xs[0].ndim))))],
-         props={SHAPE}, arity=1)
+         props={SHAPE}, arity=1, doc="permute axes (perm None: reverse)")
 
 
 def _concat_infer(ts, a):
@@ -162,7 +165,8 @@ def _concat_vjp(n, xs, y, gy):
 
 
 register("concat", attrs={"axis": Attr("int", 0)}, infer=_concat_infer,
-         ref=lambda xs, a: np.concatenate(xs, axis=a["axis"]), vjp=_concat_vjp, props={SHAPE, QUANTIZABLE})
+         ref=lambda xs, a: np.concatenate(xs, axis=a["axis"]), vjp=_concat_vjp, props={SHAPE, QUANTIZABLE},
+         doc="join along axis (any number of inputs)")
 
 
 def _pads(a, ndim):
@@ -177,7 +181,7 @@ register("pad", attrs={"pads": Attr("ints", ()), "value": Attr("float", 0.0)},
          ref=lambda xs, a: np.pad(xs[0], _pads(a, xs[0].ndim), constant_values=np.asarray(a["value"]).astype(xs[0].dtype)),
          vjp=lambda n, xs, y, gy: [F.slice(gy, [lo for lo, hi in _pads(n.attrs, y.ndim)],
                                            [lo + s for (lo, hi), s in zip(_pads(n.attrs, y.ndim), xs[0].shape)])],
-         props={SHAPE, QUANTIZABLE}, arity=1)
+         props={SHAPE, QUANTIZABLE}, arity=1, doc="constant padding, pads = [lo0, hi0, lo1, hi1, ...]")
 
 
 def _slice_params(a, shape):
@@ -214,7 +218,7 @@ def _slice_vjp(n, xs, y, gy):
 
 register("slice", attrs={"begin": Attr("ints", ()), "end": Attr("ints", ()), "strides": Attr("ints", None)},
          infer=_slice_infer, ref=lambda xs, a: xs[0][_slice_params(a, xs[0].shape)].copy(),
-         vjp=_slice_vjp, props={SHAPE}, arity=1)
+         vjp=_slice_vjp, props={SHAPE}, arity=1, doc="x[begin:end:strides] per axis (positive strides)")
 
 
 def _slice_grad_ref(xs, a):
@@ -242,4 +246,5 @@ def _bt_infer(ts, a):
 
 register("broadcast_to", attrs={"shape": Attr("ints", ())}, infer=_bt_infer,
          ref=lambda xs, a: np.broadcast_to(xs[0], a["shape"]).copy(),
-         vjp=lambda n, xs, y, gy: [F.unbroadcast(gy, xs[0].shape)], props={SHAPE}, arity=1)
+         vjp=lambda n, xs, y, gy: [F.unbroadcast(gy, xs[0].shape)], props={SHAPE}, arity=1,
+         doc="NumPy broadcast to shape (materialised)")
