@@ -94,6 +94,7 @@ class Device:
         self._in_restore = False
         self._last_invoke: InvokeResult | None = None
         self._invoke_wall: float | None = None
+        self._info: Info | None = None
         self._retx_before_invoke = 0
 
     # ---- connection ----------------------------------------------------------------------
@@ -140,14 +141,15 @@ class Device:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _reconnect(self, why: str) -> None:
+    def _reconnect(self) -> None:
+        """Reopen the port (keeping the last bytes seen for error messages) and handshake."""
         self.stats.reconnects += 1
         self.close()
+        recent = self._decoder.recent
         self._decoder = Decoder()
+        self._decoder.recent.extend(recent)
         self._open_port()
         self.handshake()
-        if why:
-            pass
 
     def _where(self) -> str:
         return f" (log: {self.log_path})" if self.log_path else ""
@@ -244,7 +246,7 @@ class Device:
                 last_problem = f"connection lost ({e})"
                 if reconnects > retries:
                     break
-                self._reconnect(str(e))
+                self._reconnect()
                 seq = self._next_seq()
                 frame = encode(ftype, seq, payload)
         raise DeviceTimeout(
@@ -278,7 +280,8 @@ class Device:
         return {"version": version, "max_payload": max_payload, "boot_count": boot_count}
 
     def info(self) -> Info:
-        return Info.unpack(self._transact(T.INFO))
+        self._info = Info.unpack(self._transact(T.INFO))
+        return self._info
 
     def echo(self, data: bytes) -> bytes:
         return self._transact(T.ECHO, data)
@@ -337,7 +340,7 @@ class Device:
 
     def get_output(self, nbytes: int | None = None) -> bytes:
         if nbytes is None:
-            nbytes = self.info().output_bytes
+            nbytes = (self._info or self.info()).output_bytes
         out = bytearray()
         while len(out) < nbytes:
             n = min(self.max_payload, nbytes - len(out))
