@@ -58,3 +58,9 @@ def test_every_intermediate_matches_litert(shared_models, model):
         _, kept = run(g, z[f"in_{k}"], keep=names)
         for n in names:
             assert np.array_equal(kept[n], it.get_tensor(tmap[n])), f"{model} pair {k}: {n} differs"
+
+
+def test_every_quantizable_op_has_an_int8_reference():
+    from kiln.frontend.registry import OPS, QUANTIZABLE
+    missing = [n for n, op in OPS.items() if QUANTIZABLE in op.props and op.int8_ref is None]
+    assert not missing, f"ops marked quantizable without an int8_ref rule: {missing}"
