@@ -1,0 +1,163 @@
+"""GPU benchmark: Kiln CUDA packages vs PyTorch eager vs torch.compile(mode="reduce-overhead").
+
+For each zoo model (NHWC, as Kiln traces it; PyTorch runs the same graph through
+benchmarks/torch_graph.py, convolutions on channels-last views):
+  * latency at batch 1 (inference, eval mode), median of CUDA-event timings, Kiln replaying its
+    captured CUDA graph
+  * throughput at batch 64 (inference), images/s
+  * training step at batch 64 (forward + loss + backward; Kiln: compile_train_step package)
+Every Kiln package is first checked against the NumPy reference (1e-4). Writes a Markdown table.
+
+    python benchmarks/gpu_bench.py --models digits-cnn,resnet8 --markdown gpu.md [--arch sm_90]
+
+Needs an NVIDIA GPU, CuPy and a CUDA build of PyTorch. Not run in CI (no GPU there): the numbers
+in docs/ come only from a run of this script on a named GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def torch_time_ms(fn, iters=100, warmup=10):
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return float(np.median(ts))
+
+
+def _model(name, batch, train):
+    from kiln.frontend.trace import trace
+    from kiln.frontend.types import TensorType
+    from kiln.training import zoo
+    from kiln.training.step import StepGraph
+    zm = zoo.get(name)
+    shape = (batch,) + tuple(zm.input_shape[1:])
+    if train:
+        sg = StepGraph(zm.module, zm.loss, zm.input_shape[1:], batch)
+        return zm, sg, sg.graph, sg.forward_graph
+    zm.module.eval()
+    g = trace(zm.module, TensorType(shape), name=f"{name}_b{batch}")
+    return zm, None, g, g
+
+
+def kiln_case(name, batch, train, arch, dtype, workdir, iters):
+    from kiln.backends import cuda
+    from kiln.backends.cuda_runner import CudaRunner
+    from kiln.frontend import executor
+    zm, sg, g, _ = _model(name, batch, train)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch,) + tuple(zm.input_shape[1:])).astype(np.float32)
+    if train:
+        y = rng.integers(0, zm.num_classes or 2, batch) if sg.target_input == "labels" else None
+        feeds = sg.feeds(x, y, 1)
+        inputs = [feeds[k] for k in g.inputs]
+        pkg = cuda.compile_train_step(g, os.path.join(workdir, f"{name}-train-{batch}"), arch=arch, dtype=dtype)
+    else:
+        inputs = [x]
+        pkg = cuda.compile(g, os.path.join(workdir, f"{name}-{batch}"), arch=arch, dtype=dtype)
+    r = CudaRunner(pkg)
+    got = r(*inputs)
+    want = executor.run(g, *inputs)
+    tol = 1e-4 if dtype == "float32" else 5e-2
+    err = max(float(np.max(np.abs(a - b) / (1 + np.abs(b)))) for a, b in zip(got, want))
+    if err > tol:
+        raise AssertionError(f"{name} batch {batch} ({'train' if train else 'infer'}): Kiln CUDA differs from "
+                             f"NumPy by {err:.2e} > {tol}")
+    r.capture()
+    return r.time_ms(*inputs, iters=iters), err, inputs
+
+
+def torch_case(name, batch, train, mode, iters):
+    import torch
+    import torch_graph
+    zm, sg, g, fg = _model(name, batch, train)
+    dev = "cuda"
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch,) + tuple(zm.input_shape[1:])).astype(np.float32)
+    feeds = {"x": x}
+    if train and sg.target_input is not None:
+        feeds[sg.target_input] = (rng.integers(0, zm.num_classes or 2, batch) if sg.target_input == "labels"
+                                  else rng.standard_normal(g.types[sg.target_input].shape).astype(np.float32))
+    params = torch_graph.to_torch(dict(fg.params), requires_grad=set(fg.params) if train else (), device=dev)
+    consts = torch_graph.to_torch(dict(fg.consts), device=dev)
+    tfeeds = torch_graph.to_torch({k: v for k, v in feeds.items() if k in fg.inputs}, device=dev)
+
+    def fwd(feeds_):
+        return torch_graph.run(fg, feeds_, {**params, **consts})
+
+    if train:
+        def step(feeds_):
+            for p in params.values():
+                p.grad = None
+            fwd(feeds_)[0].backward()
+        fn = step
+    else:
+        def fn(feeds_):
+            with torch.no_grad():
+                return fwd(feeds_)
+    if mode == "compile":
+        fn = torch.compile(fn, mode="reduce-overhead")
+    return torch_time_ms(lambda: fn(tfeeds), iters=iters)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="digits-cnn,ds-cnn,resnet8,mobilenet-v1-0.25,fc-autoencoder")
+    p.add_argument("--arch", default=None, help="default: the device's sm_XY")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--markdown", help="write the table here too")
+    a = p.parse_args(argv)
+    import torch
+    from kiln.backends.cuda_runner import probe
+    cupy, cc = probe(a.arch or "sm_50")
+    arch = a.arch or f"sm_{cc}"
+    gpu = torch.cuda.get_device_name()
+    work = tempfile.mkdtemp(prefix="kiln-gpu-bench-")
+    rows = []
+    for m in a.models.split(","):
+        m = m.strip()
+        r = {"model": m}
+        r["kiln_b1_ms"], r["err_b1"], _ = kiln_case(m, 1, False, arch, a.dtype, work, a.iters)
+        r["kiln_b64_ms"], r["err_b64"], _ = kiln_case(m, 64, False, arch, a.dtype, work, a.iters)
+        r["kiln_train_ms"], r["err_train"], _ = kiln_case(m, 64, True, arch, a.dtype, work, a.iters)
+        for mode in ("eager", "compile"):
+            r[f"{mode}_b1_ms"] = torch_case(m, 1, False, mode, a.iters)
+            r[f"{mode}_b64_ms"] = torch_case(m, 64, False, mode, a.iters)
+            r[f"{mode}_train_ms"] = torch_case(m, 64, True, mode, a.iters)
+        rows.append(r)
+        print(r, flush=True)
+    head = ("| model | b1 latency ms: Kiln / eager / compile | b64 img/s: Kiln / eager / compile | "
+            "train step b64 ms: Kiln / eager / compile | Kiln max rel err |\n|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        ips = {k: 64e3 / r[f"{k}_b64_ms"] for k in ("kiln", "eager", "compile")}
+        lines.append(f"| {r['model']} | {r['kiln_b1_ms']:.3f} / {r['eager_b1_ms']:.3f} / {r['compile_b1_ms']:.3f} | "
+                     f"{ips['kiln']:.0f} / {ips['eager']:.0f} / {ips['compile']:.0f} | "
+                     f"{r['kiln_train_ms']:.2f} / {r['eager_train_ms']:.2f} / {r['compile_train_ms']:.2f} | "
+                     f"{max(r['err_b1'], r['err_b64'], r['err_train']):.1e} |")
+    out = "\n".join(lines) + f"\n\nGPU: {gpu} ({arch}), dtype {a.dtype}, torch {torch.__version__}, CuPy {cupy.__version__}.\n"
+    print(out)
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(out)
+
+
+if __name__ == "__main__":
+    main()
