@@ -61,10 +61,11 @@ class TrainConfig:
     checkpoint_every: int | None = None  # optimiser steps; checkpoints are also written at epoch ends
     max_steps: int | None = None
     eval_batch_size: int = 512
+    threads: int | None = None       # BLAS threads during the run (None: leave NumPy's default)
 
 
 # options that may differ between a run and its resumption
-RESUMABLE_CHANGES = ("epochs", "checkpoint_every", "max_steps", "eval_batch_size")
+RESUMABLE_CHANGES = ("epochs", "checkpoint_every", "max_steps", "eval_batch_size", "threads")
 
 
 @dataclasses.dataclass
@@ -183,6 +184,14 @@ def fit(model: Module, train: ArrayDataset, test: ArrayDataset | None = None, *,
     at the end, the trained eval-mode graph ``model.json``/``model.npz`` (``kiln.frontend.load``
     reads it); ``resume=True`` continues from ``out/checkpoint.npz``."""
     cfg = dataclasses.replace(config or TrainConfig(), **overrides)
+    if cfg.threads:
+        from threadpoolctl import threadpool_limits
+        with threadpool_limits(limits=int(cfg.threads), user_api="blas"):
+            return _fit(model, train, test, input_shape, cfg, out, resume, quiet, model_name)
+    return _fit(model, train, test, input_shape, cfg, out, resume, quiet, model_name)
+
+
+def _fit(model, train, test, input_shape, cfg, out, resume, quiet, model_name):
     model_name = model_name or type(model).__name__
     _, kind = get_loss(cfg.loss)
     sample = tuple(input_shape[1:]) if input_shape else tuple(train.x.shape[1:])

@@ -8,7 +8,7 @@ loss)``; ``input_shape`` includes a batch of 1.
 | resnet8 | image classification (MLPerf Tiny) | [1,32,32,3] | 3 residual stages 16/32/64, 10 classes |
 | mobilenet-v1-0.25 | visual wake words (MLPerf Tiny) | [1,96,96,3] | MobileNet v1, width 0.25, 2 classes |
 | fc-autoencoder | anomaly detection (MLPerf Tiny) | [1,640] | 640-128x4-8-128x4-640 dense + BN + relu |
-| digits-cnn | 8x8 digits demo | [1,8,8,1] | conv 3x3 8, conv 3x3/2 16, dense 10: 3,818 parameters |
+| digits-cnn | 8x8 digits demo | [1,8,8,1] | conv 3x3 8, conv 3x3 16, max pool 2, dense 10: 3,818 parameters |
 
 Only the digits have a bundled dataset; the others default to ``synthetic`` data of the right
 shape (pass real data as an .npz with ``kiln train --data``).
@@ -135,10 +135,12 @@ class FCAutoencoder(M.Module):
 
 
 def digits_cnn():
-    """The 8x8 digits demo CNN (3,818 parameters; int8-friendly: fused ReLUs, no BatchNorm)."""
+    """The 8x8 digits demo CNN: conv 3x3 8 + relu, conv 3x3 16 + relu, max pool 2x2, dense 10
+    (3,818 parameters, 81k MACs; int8-friendly: fused ReLUs, no BatchNorm). Max pooling instead
+    of a stride-2 conv: same parameters, 98-99% instead of 95-98.5% test accuracy over seeds."""
     return M.Sequential(M.Conv2d(1, 8, 3, padding="same", activation="relu"),
-                        M.Conv2d(8, 16, 3, stride=2, padding="same", activation="relu"),
-                        M.Flatten(), M.Linear(4 * 4 * 16, 10))
+                        M.Conv2d(8, 16, 3, padding="same", activation="relu"),
+                        M.MaxPool2d(2), M.Flatten(), M.Linear(4 * 4 * 16, 10))
 
 
 _ZOO = {
