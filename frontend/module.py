@@ -20,9 +20,11 @@ _rng = np.random.default_rng(0)
 
 
 def manual_seed(seed):
-    """Seed the generator used to initialise new layers."""
+    """Seed the generator used to initialise new layers and restart the Dropout salt counter, so
+    the same seed builds the same model (weights and dropout masks) again in one process."""
     global _rng
     _rng = np.random.default_rng(seed)
+    Dropout._count = 0
 
 
 def default_rng():
