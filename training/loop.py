@@ -77,6 +77,7 @@ class FitResult:
     steps: int
     seconds: float
     files: dict
+    config: TrainConfig | None = None
 
 
 def _classes_correct(pred, y):
@@ -212,7 +213,7 @@ def _fit(model, train, test, input_shape, cfg, out, resume, quiet, model_name):
     loader = DataLoader(train, cfg.batch_size, shuffle=True, drop_last=cfg.drop_last,
                         seed=np.random.default_rng(loader_ss), augment=parse_augment(cfg.augment), dtype=dtype)
     steps_per_epoch = -(-len(loader) // cfg.accum_steps)
-    total = cfg.max_steps or steps_per_epoch * cfg.epochs
+    total = steps_per_epoch * cfg.epochs      # max_steps only stops early: the schedule is that of the full run
     sched = Schedule(cfg.schedule, cfg.lr, step_size=cfg.step_size or max(1, total // 3), gamma=cfg.gamma,
                      total=max(1, total - cfg.warmup_steps), min_lr=cfg.min_lr, warmup=cfg.warmup_steps)
     opt = make_optimizer(cfg.optimizer, params, cfg.lr, cfg.momentum, cfg.nesterov, cfg.weight_decay)
@@ -283,7 +284,7 @@ def _fit(model, train, test, input_shape, cfg, out, resume, quiet, model_name):
         files["graph"] = save_graph(graph, os.path.join(out, "model.json"))
     metrics = dict(run.history[-1]) if run.history else {}
     metrics.update(steps=run.step, seconds=round(run.elapsed, 3))
-    return FitResult(model, graph, metrics, run.history, run.step, run.elapsed, files)
+    return FitResult(model, graph, metrics, run.history, run.step, run.elapsed, files, cfg)
 
 
 def _one_step(run, steps, group, bar):

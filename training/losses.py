@@ -75,8 +75,10 @@ def mse_loss(pred, target, reduction="mean"):
 def bce_with_logits(logits, target, reduction="mean"):
     if tuple(logits.shape) != tuple(target.shape):
         raise ShapeError(f"bce_with_logits: logits {logits.shape} and target {target.shape} differ")
-    absx = F.abs(logits)
-    per = F.relu(logits) - logits * target + F.log(1.0 + F.exp(-absx))
+    # max(x, 0) and -|x| through one where-condition, so the kinks at x = 0 cancel in the gradient
+    # (sigmoid(0) - t, as torch gives) instead of mixing relu'(0) = 0 with abs'(0) = 1
+    pos = logits >= 0.0
+    per = F.where(pos, logits, 0.0) - logits * target + F.log(1.0 + F.exp(F.where(pos, -logits, logits)))
     return _reduce(per, reduction, logits.size)
 
 
