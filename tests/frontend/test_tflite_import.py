@@ -27,3 +27,22 @@ def test_rejects_non_tflite_and_truncated(tmp_path):
         load_tflite(b"\x10\x00")
     with pytest.raises(KilnError, match="cannot read"):
         load_tflite(tmp_path / "missing.tflite")
+
+
+def test_float_model_round_trip():
+    """A float32 Kiln graph exported to .tflite runs in LiteRT like Kiln and imports back."""
+    import kiln.frontend.module as M
+    from kiln.frontend import TensorType, manual_seed, run, trace
+    from kiln.quantize import export_tflite
+    from tests.quantize.litert_util import litert_run
+    manual_seed(0)
+    net = M.Sequential(M.Conv2d(1, 4, 3, padding="same", activation="relu"), M.MaxPool2d(2),
+                       M.Conv2d(4, 4, 3, padding="same", groups=4), M.Flatten(), M.Linear(4 * 4 * 4, 3))
+    net.eval()
+    g = trace(net, TensorType((1, 8, 8, 1)))
+    data = export_tflite(g)
+    x = np.random.default_rng(0).normal(size=(1, 8, 8, 1)).astype(np.float32)
+    np.testing.assert_allclose(litert_run(data, [x])[0], run(g, x)[0], rtol=1e-5, atol=1e-5)
+    g2 = load_tflite(data)
+    assert [n.op for n in g2.nodes] == [n.op for n in g.nodes]
+    np.testing.assert_allclose(run(g2, x)[0], run(g, x)[0], rtol=1e-6, atol=1e-6)
