@@ -198,7 +198,7 @@ def load_npz(path):
     base = os.path.basename(path)
     if "x_train" in arrs:
         train = ArrayDataset(arrs["x_train"], arrs.get("y_train"), f"{base}:train")
-        test = (ArrayDataset(arrs["x_test"], arrs.get("y_test"), f"{base}:test", train.num_classes)
+        test = (ArrayDataset(arrs["x_test"], arrs.get("y_test"), f"{base}:test")
                 if "x_test" in arrs else None)
     elif "x" in arrs:
         train, test = ArrayDataset(arrs["x"], arrs.get("y"), base), None
