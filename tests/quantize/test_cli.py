@@ -52,3 +52,16 @@ def test_quantize_cli_ptq_and_export(digits_model, tmp_path, capsys):
 def test_quantize_cli_errors(tmp_path, capsys):
     assert main(["quantize", str(tmp_path / "missing.json")]) == 1
     assert "no such graph file" in capsys.readouterr().err
+
+
+def test_quantize_cli_npz_data_and_qat(digits_model, tmp_path, capsys):
+    import numpy as np
+    from kiln.frontend import save
+    g, (train, test) = digits_model
+    src = save(g, str(tmp_path / "digits.json"))
+    npz = tmp_path / "data.npz"
+    np.savez(npz, x_train=train.x[:300], y_train=train.y[:300], x_test=test.x, y_test=test.y)
+    rc, rep = _json(capsys, ["quantize", src, "--data", str(npz), "--qat", "--epochs", "1", "--int8-io",
+                             "--method", "percentile", "--out", str(tmp_path / "q.json")])
+    assert rc == 0 and rep["mode"] == "qat" and rep["int8_io"] and abs(rep["delta_pp"]) <= 2.0
+    assert rep["files"]["graph"].endswith("q.json")
