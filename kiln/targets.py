@@ -2,7 +2,8 @@
 ``runner(model_path, inputs: list[np.ndarray], options: dict) -> list[np.ndarray]`` (one output per
 input) plus a comparison rule. Folders register their own targets when imported:
 quantize/ registers ``reference``, backends/ registers ``host`` (and ``host-llvm``, ``cuda``),
-boards/ registers one target per board. ``kiln verify`` only calls ``get_target``."""
+kiln/board_targets.py registers one target per board
+(boards/ imports nothing of the compiler, so the wiring lives in kiln/). ``kiln verify`` only calls ``get_target``."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,7 +24,8 @@ class Target:
 
 TARGETS: dict[str, Target] = {}
 # modules that register targets when imported (a missing one just means that target is unavailable)
-PROVIDERS = ("kiln.quantize.targets", "kiln.backends.targets", "kiln.boards.targets")
+PROVIDERS = ("kiln.quantize.targets", "kiln.backends.targets", "kiln.backends.targets_server",
+             "kiln.board_targets")
 
 
 def register_target(target: Target):
