@@ -65,3 +65,20 @@ def test_quantize_cli_npz_data_and_qat(digits_model, tmp_path, capsys):
                              "--method", "percentile", "--out", str(tmp_path / "q.json")])
     assert rc == 0 and rep["mode"] == "qat" and rep["int8_io"] and abs(rep["delta_pp"]) <= 2.0
     assert rep["files"]["graph"].endswith("q.json")
+
+
+def test_verify_reference_on_a_kiln_graph_json(digits_model, tmp_path, capsys):
+    import numpy as np
+    from kiln.frontend import run, save
+    from kiln.quantize import ptq
+    g, (train, test) = digits_model
+    q = ptq(g, train.x[:200], int8_io=True)
+    path = save(q, str(tmp_path / "q.json"))
+    qq = q.types[q.inputs[0]].quant
+    ins = [np.clip(np.round(test.x[i:i + 1] / qq.scale[0]) + qq.zero_point[0], -128, 127).astype(np.int8)
+           for i in range(4)]
+    golden = {f"in_{k}": x for k, x in enumerate(ins)}
+    golden.update({f"out_{k}": run(q, x)[0] for k, x in enumerate(ins)})
+    np.savez(tmp_path / "g.npz", **golden)
+    assert main(["verify", path, "--golden", str(tmp_path / "g.npz"), "--target", "reference"]) == 0
+    capsys.readouterr()
