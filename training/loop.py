@@ -31,7 +31,8 @@ from kiln.frontend.types import TensorType
 from . import checkpoint as ckpt
 from .data import ArrayDataset, DataError, DataLoader, parse_augment
 from .losses import get_loss
-from .monitor import MetricsLog, Progress, clip_by_global_norm, diagnose, global_norm, progress_enabled
+from .monitor import (MetricsLog, Progress, TrainingDiverged, clip_by_global_norm, diagnose, global_norm,
+                      progress_enabled)
 from .optim import make_optimizer
 from .schedule import Schedule
 from .step import EvalGraph, GraphCache, StepGraph
@@ -268,6 +269,10 @@ def _fit(model, train, test, input_shape, cfg, out, resume, quiet, model_name):
             save_ckpt()
             log.append(rec)
             bar.end_epoch(rec)
+    except TrainingDiverged as e:
+        log.append({"event": "diverged", "epoch": run.epoch + 1, "step": run.step + 1, "node": e.node, "op": e.op,
+                    "error": str(e)})
+        raise
     finally:
         bar.close()
     run.elapsed = time.perf_counter() - t0

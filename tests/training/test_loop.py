@@ -109,6 +109,8 @@ def test_nan_stops_the_run_and_names_the_node(small_digits, tmp_path):
     assert e.value.op == "sqrt" and e.value.node.startswith("sqrt")
     msg = str(e.value)
     assert "epoch 1, step 1" in msg and "sqrt" in msg and "NaN" in msg
+    event = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert event["event"] == "diverged" and event["op"] == "sqrt" and event["node"] == e.value.node
 
 
 def test_huge_learning_rate_diverges_with_a_named_node(tiny_net, small_digits):
