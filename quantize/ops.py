@@ -16,7 +16,7 @@ import numpy as np
 
 from kiln.frontend import functional as F
 from kiln.frontend.errors import ShapeError
-from kiln.frontend.registry import ELEMENTWISE, QUANTIZABLE, REQUIRED, UNARY, Attr, get_op, register
+from kiln.frontend.registry import ELEMENTWISE, NONDIFF, QUANTIZABLE, REQUIRED, UNARY, Attr, get_op, register
 from kiln.frontend.types import QParams, TensorType
 
 from . import fixedpoint as fp
@@ -59,7 +59,7 @@ def _quantize_ref(xs, a, in_types=None, out_type=None):
 
 register("quantize", attrs={"scale": Attr("any", REQUIRED), "zero_point": Attr("ints", (0,)),
                             "dtype": Attr("str", "int8")},
-         infer=_quantize_infer, ref=lambda xs, a: _quantize_ref(xs, a), props={QUANTIZABLE, UNARY, ELEMENTWISE},
+         infer=_quantize_infer, ref=lambda xs, a: _quantize_ref(xs, a), props={QUANTIZABLE, UNARY, ELEMENTWISE, NONDIFF},
          arity=1, doc="float -> int8 (TFLite QUANTIZE) or int8 -> int8 requantisation")
 
 
@@ -97,7 +97,7 @@ def _dequantize_noquant(xs, a):
 
 
 register("dequantize", attrs={"dtype": Attr("str", "float32", ("float32", "float64"))},
-         infer=_dequantize_infer, ref=_dequantize_noquant, props={QUANTIZABLE, UNARY, ELEMENTWISE}, arity=1,
+         infer=_dequantize_infer, ref=_dequantize_noquant, props={QUANTIZABLE, UNARY, ELEMENTWISE, NONDIFF}, arity=1,
          doc="int8 -> float: scale * (q - zero_point) (TFLite DEQUANTIZE)")
 get_op("dequantize").int8_ref = _dequantize_int8
 

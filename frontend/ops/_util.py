@@ -14,7 +14,8 @@ def same_dtype(ts, opname):
 
 
 def need_float(t, opname):
-    if not t.is_float:
+    """Float ops also accept quantised int8 operands (their int8 reference runs instead)."""
+    if not t.is_float and t.quant is None:
         raise ShapeError(f"{opname} needs a float operand, got {t.dtype}")
 
 

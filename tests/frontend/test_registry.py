@@ -23,10 +23,7 @@ DOC = os.path.join(ROOT, "docs", "ops.md")
 
 # ops that knowingly lack a rule, with the reason; strict xfail: fixing the gap makes the test fail
 # until the entry is removed here
-KNOWN_GAPS = {
-    "quantize": "quantize/ops.py: no VJP and not marked NONDIFF (float -> int8 has no gradient; QAT uses fake_quant)",
-    "dequantize": "quantize/ops.py: no VJP and not marked NONDIFF (its int8 input has no gradient)",
-}
+KNOWN_GAPS = {}
 
 
 def _missing(op):
