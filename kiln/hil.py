@@ -1,0 +1,142 @@
+"""Wiring for hardware-in-the-loop: model -> C package -> firmware image -> device -> results.
+
+This is the only place that joins the compiler (backends/) and the boards/firmware harness; the
+CLI commands build, run, verify --target BOARD, bench and demo all call it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import numpy as np
+
+from kiln.frontend.errors import KilnError
+
+
+def load_model(path):
+    """A Kiln Graph from a .tflite or a Kiln graph .json."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise KilnError(f"model file {path} not found")
+    if path.endswith(".tflite"):
+        from kiln.frontend.tflite_import import load_tflite
+        return load_tflite(path)
+    from kiln.frontend import load
+    return load(path)
+
+
+def is_package(path):
+    return os.path.isdir(path) and os.path.exists(os.path.join(path, "manifest.json"))
+
+
+def compile_model(model, target, out_dir, ram_budget=None, plot=True):
+    """Compile a Graph or model file to a C package; the source graph is saved beside it
+    (graph.json) so later stages can compute reference outputs from the package alone."""
+    from kiln import backends
+    from kiln.frontend import save
+    graph = load_model(model) if isinstance(model, (str, os.PathLike)) else model
+    pkg = backends.compile(graph, target=target, out_dir=out_dir, ram_budget=ram_budget, plot=plot)
+    save(graph, os.path.join(pkg.path, "graph.json"))
+    return pkg
+
+
+def package_graph(pkg_dir):
+    from kiln.frontend import load
+    p = os.path.join(pkg_dir, "graph.json")
+    if not os.path.exists(p):
+        raise KilnError(f"{pkg_dir} has no graph.json: compile it with `kiln compile` to get reference outputs")
+    return load(p)
+
+
+def board_target(board):
+    """The compiler target (cortex-mX) for a board."""
+    from kiln import boards
+    b = boards.load(board) if isinstance(board, str) else board
+    return b.core
+
+
+def build_for_board(model, board, out_dir, *, emulate=None, ram_budget=None, stack_size=8192):
+    """Compile (unless ``model`` is already a package folder) and build firmware for ``board``.
+    Returns (image, package_dir). A real board is built with its real memory sizes; with
+    ``emulate`` (default: when the board is not emulated) the image also runs in QEMU on the
+    machine with the same core."""
+    from kiln import boards, firmware
+    b = boards.load(board) if isinstance(board, str) else board
+    if isinstance(model, (str, os.PathLike)) and is_package(os.fspath(model)):
+        pkg_dir = os.fspath(model)
+        with open(os.path.join(pkg_dir, "manifest.json")) as f:
+            t = json.load(f)["target"]
+        if t != b.core:
+            raise KilnError(f"package {pkg_dir} was compiled for {t}, board {b.name} has a {b.core}: "
+                            f"recompile with --target {b.core}")
+    else:
+        pkg_dir = os.path.join(out_dir, "package")
+        compile_model(model, b.core, pkg_dir, ram_budget=ram_budget or b.ram_region.size)
+    if emulate is None:
+        emulate = not b.emulated
+    image = firmware.build(pkg_dir, b, os.path.join(out_dir, "firmware"), emulate=emulate, stack_size=stack_size)
+    return image, pkg_dir
+
+
+@dataclasses.dataclass
+class BoardRun:
+    outputs: list
+    instructions: list          # per inference (exact under QEMU's plugin)
+    instruction_source: str
+    ticks: list
+    timer_hz: int
+    profile: list               # per command: {name, macs, instructions, ticks}
+    stack_used: int
+    stack_size: int
+    sizes: dict
+    seconds: float
+    board: str
+    stats: dict
+
+    def to_dict(self):
+        d = dataclasses.asdict(self)
+        d.pop("outputs")
+        return d
+
+
+def run_on_board(image, pkg_dir, inputs, *, port=None, lab_map=None, progress=None):
+    """Send every input through the device; returns a BoardRun. ``progress`` is called after
+    each inference with (k, n)."""
+    from kiln.boards.target import open_device
+    with open(os.path.join(pkg_dir, "manifest.json")) as f:
+        man = json.load(f)
+    out_t = man["outputs"][0]
+    in_t = man["inputs"][0]
+    outs, insns, ticks = [], [], []
+    t0 = time.time()
+    src, hz = "none", 0
+    with open_device(image, port=port, lab_map=lab_map) as dev:
+        for k, x in enumerate(inputs):
+            x = np.ascontiguousarray(np.asarray(x).astype(in_t["dtype"]).reshape(in_t["shape"]))
+            y, res = dev.run(x.tobytes())
+            outs.append(np.frombuffer(y[:out_t["bytes"]], dtype=out_t["dtype"]).reshape(out_t["shape"]).copy())
+            insns.append(res.instructions)
+            ticks.append(res.ticks)
+            src, hz = res.instruction_source, res.timer_hz
+            if progress:
+                progress(k + 1, len(inputs))
+        prof = dev.get_profile()
+        stack = dev.get_stack()
+        stats = dataclasses.asdict(dev.stats)
+    cmds = man["commands"]
+    profile = []
+    for i, c in enumerate(cmds):
+        profile.append({"name": c["name"], "ops": c.get("ops"), "macs": c.get("macs", 0),
+                        "ticks": prof.ticks[i] if i < len(prof.ticks) else None,
+                        "instructions": (prof.instructions[i] if prof.instructions and i < len(prof.instructions) else None)})
+    sizes = image.sizes.to_dict() if hasattr(image.sizes, "to_dict") else dict(vars(image.sizes))
+    return BoardRun(outs, insns, src, ticks, hz, profile, stack.used, stack.size, sizes,
+                    time.time() - t0, image.board.name, stats)
+
+
+def reference_outputs(graph, inputs):
+    """int8 (or float) reference executor outputs, one per input."""
+    from kiln.frontend import run
+    return [run(graph, np.asarray(x).reshape(graph.types[graph.inputs[0]].shape))[0] for x in inputs]
