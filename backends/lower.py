@@ -167,6 +167,7 @@ def default_schedule(sch, out_block):
             pass
     reductions = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
                   if sch.get(b).name_hint != out_block and _is_reduction(sch, b)]
+    placed = set()
     for b in reversed(reductions):
         consumers = sch.get_consumers(b)
         if len(consumers) != 1:
@@ -175,11 +176,20 @@ def default_schedule(sch, out_block):
         loops = sch.get_loops(consumers[0])
         if not loops or nsp == 0:
             continue
+        at = min(nsp, len(loops)) - 1
         try:
-            sch.compute_at(b, loops[min(nsp, len(loops)) - 1], preserve_unit_loops=False)
+            sch.compute_at(b, loops[at], preserve_unit_loops=False)
         except Exception:  # noqa: BLE001
-            pass
-    decompose_reductions(sch)
+            continue
+        name = sch.get(b).name_hint
+        own = sch.get_loops(sch.get_sblock(name))
+        if len(own) > at + 1:
+            try:
+                sch.decompose_reduction(sch.get_sblock(name), own[at + 1])
+                placed.add(name)
+            except Exception:  # noqa: BLE001
+                pass
+    decompose_reductions(sch, skip=placed)
 
 
 def _has_root(sch):
@@ -194,12 +204,12 @@ def _is_reduction(sch, b):
     return any(int(iv.iter_type) == 2 for iv in sch.get(b).iter_vars)
 
 
-def decompose_reductions(sch):
+def decompose_reductions(sch, skip=()):
     """Split the init of every reduction block out of its reduction loops (the reduction
     loops are the innermost ones, as TE creates them)."""
     for b in sch.get_child_blocks(sch.get_sblock("root")):
         blk = sch.get(b)
-        if blk.init is None:
+        if blk.init is None or blk.name_hint in skip:
             continue
         nred = sum(1 for iv in blk.iter_vars if int(iv.iter_type) == 2)
         loops = sch.get_loops(b)

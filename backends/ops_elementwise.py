@@ -118,13 +118,10 @@ _BINARY = {
 
 def _add_int8(k, node, xs, t1, t2, ty):
     """TFLite reference int8 ADD: both inputs rescaled to 2 * max scale with left_shift 20."""
-    s1, s2, so = (np.float32(t.quant.scale[0]) for t in (t1, t2, ty))
+    from kiln.quantize.int8_elementwise import ADD_LEFT_SHIFT, add_params
     z1, z2, zo = (int(t.quant.zero_point[0]) for t in (t1, t2, ty))
-    left_shift = 20
-    twice_max = float(np.float32(2) * max(s1, s2))
-    m1, sh1 = qmath.quantize_multiplier(float(s1) / twice_max)
-    m2, sh2 = qmath.quantize_multiplier(float(s2) / twice_max)
-    mo, sho = qmath.quantize_multiplier(twice_max / float(np.float32(1 << left_shift) * so))
+    left_shift = ADD_LEFT_SHIFT
+    (m1, sh1), (m2, sh2), (mo, sho) = add_params(t1.quant.scale[0], t2.quant.scale[0], ty.quant.scale[0])
     a, b = xs
 
     def body(*i):
@@ -137,9 +134,10 @@ def _add_int8(k, node, xs, t1, t2, ty):
 
 
 def _mul_int8(k, node, xs, t1, t2, ty):
-    s1, s2, so = (float(np.float32(t.quant.scale[0])) for t in (t1, t2, ty))
+    from kiln.quantize.int8_elementwise import mul_params
     z1, z2, zo = (int(t.quant.zero_point[0]) for t in (t1, t2, ty))
-    m, sh = qmath.quantize_multiplier(s1 * s2 / so)
+    m, sh = mul_params(float(np.float32(t1.quant.scale[0])), float(np.float32(t2.quant.scale[0])),
+                       float(np.float32(ty.quant.scale[0])))
     a, b = xs
 
     def body(*i):

@@ -10,7 +10,7 @@ from kiln.frontend.ops._util import norm_axes
 from kiln.frontend.ops.reduce_shape import _pads, _perm, _slice_params, resolve_shape
 
 from . import gemmlowp, inplace, qmath
-from .lower import lower_rule
+from .lower import decompose_reductions, lower_rule
 from .qmath import c
 
 F32 = "float32"
@@ -46,26 +46,27 @@ def _flat(idx, shape):
 
 
 # ---- softmax --------------------------------------------------------------------------------
+def _newton(hd, prev):
+    return lambda *i: gemmlowp.newton_step(hd(*i), prev(*i))
+
+
 def _softmax_int8(k, node, x, tx, ty):
-    if ty.quant is None or abs(ty.quant.scale[0] - 1 / 256) > 1e-9 or ty.quant.zero_point[0] != -128:
+    if ty.quant is None or abs(ty.quant.scale[0] - 1 / 256) > 0.001 / 256 or ty.quant.zero_point[0] != -128:
         k.fail(f"int8 softmax needs output scale 1/256 and zero point -128 (TFLite), got {ty}")
     axis = node.attrs["axis"] % len(tx.shape)
     if axis != len(tx.shape) - 1:
         k.fail("int8 softmax runs over the last axis")
-    int_bits, acc_bits = 5, 12
-    beta_real = min(1.0 * float(np.float32(tx.quant.scale[0])) * (1 << (31 - int_bits)), (1 << 31) - 1.0)
-    mult, left = qmath.quantize_multiplier(beta_real)
-    if left < 0:
-        k.fail("int8 softmax: input scale too small")
-    diff_min = -int(math.floor(1.0 * ((1 << int_bits) - 1) * (1 << (31 - int_bits)) / (1 << left)))
-    exp_t, sum_t = [], []
-    for d in range(-255, 1):
-        if d >= diff_min:
-            e = gemmlowp.exp_on_negative_values(gemmlowp.srdhm(d * (1 << left), mult), int_bits)
-        else:
-            e = 0
-        exp_t.append(e)
-        sum_t.append(gemmlowp.rdbpot(e, acc_bits))
+    from kiln.quantize import fixedpoint as fp
+    from kiln.quantize.int8_elementwise import (SOFTMAX_ACCUMULATION_INTEGER_BITS, SOFTMAX_SCALED_DIFF_INTEGER_BITS,
+                                                softmax_params)
+    int_bits, acc_bits = SOFTMAX_SCALED_DIFF_INTEGER_BITS, SOFTMAX_ACCUMULATION_INTEGER_BITS
+    mult, left, diff_min = softmax_params(tx.quant.scale[0])
+    # every int8 difference x - max lies in [-255, 0]: tabulate exp and its accumulator term
+    d = np.arange(-255, 1, dtype=np.int64)
+    e = fp.exp_on_negative_values(fp.multiply_by_quantized_multiplier_greater_than_one(d, mult, left), int_bits)
+    e = np.where(d >= diff_min, e, 0)
+    exp_t = e
+    sum_t = np.where(d >= diff_min, fp.saturating_rounding_multiply_by_pot(e, -acc_bits), 0)
     texp = k.const("exp", np.asarray(exp_t, np.int32))
     tsum = k.const("expsum", np.asarray(sum_t, np.int32))
     D = tx.shape[-1]
@@ -78,12 +79,18 @@ def _softmax_int8(k, node, x, tx, ty):
         return x[i + (col,)].astype("int32") - mx[i or (0,)].astype("int32") + c(255)
     sm = te.compute(lead or (1,), lambda *i: te.sum(tsum[diff(i if lead else (), r2)], axis=[r2]), name="rowsum")
 
-    def recip(*i):
-        s = sm(*i)
-        return qmath.let("clz", gemmlowp.clz_positive(s), lambda hr: gemmlowp.one_over_one_plus_x_for_x_in_0_1(
-            ((s.astype("uint32") << hr.astype("uint32")) - tirx.const(1 << 31, "uint32")).astype("int32")))
-    scale = te.compute(lead or (1,), recip, name="rowscale")
-    nbits = te.compute(lead or (1,), lambda *i: c(acc_bits) - gemmlowp.clz_positive(sm(*i)), name="rowbits")
+    # GetReciprocal(sum, 12): one small per-row stage per step (no deep Let nesting)
+    R = lead or (1,)
+    clz = te.compute(R, lambda *i: gemmlowp.clz_positive(sm(*i)), name="rowclz")
+    xr = te.compute(R, lambda *i: ((sm(*i).astype("uint32") << clz(*i).astype("uint32"))
+                                   - tirx.const(1 << 31, "uint32")).astype("int32"), name="rowx")
+    hd = te.compute(R, lambda *i: gemmlowp.rounding_half_sum_max(xr(*i)), name="rowhalf")
+    nr = te.compute(R, lambda *i: c(1515870810) + qmath.srdhm(hd(*i), c(-1010580540)), name="nr0")
+    for it in range(3):
+        nr = te.compute(R, _newton(hd, nr), name=f"nr{it + 1}")
+    scale = te.compute(R, lambda *i: gemmlowp.srmbpot_tir(nr(*i), 1), name="rowscale")
+    nbits = te.compute(R, lambda *i: c(acc_bits) - clz(*i), name="rowbits")
+    k.schedule(lambda sch, out_block: decompose_reductions(sch))   # per-row stages stay separate
 
     def body(*i):
         row = i[:-1]
@@ -162,15 +169,14 @@ def _reduce(k, node, xs, kind):
     if _q(k, node):
         if kind != "mean":
             k.fail(f"int8 {kind} is not supported (TFLite int8 has MEAN)")
+        from kiln.quantize.int8_shape import mean_params
         zi, zo = int(tx.quant.zero_point[0]), int(ty.quant.zero_point[0])
-        m, sh = qmath.quantize_multiplier(float(np.float32(tx.quant.scale[0])) / float(np.float32(ty.quant.scale[0])))
-        acc = te.compute(shape, lambda *i: te.sum(x[full(idx(i))].astype("int32") - c(zi), axis=raxes), name="acc")
+        m, sh = mean_params(tx.quant.scale[0], ty.quant.scale[0], count)
+        acc = te.compute(shape, lambda *i: te.sum(x[full(idx(i))].astype("int32"), axis=raxes), name="acc")
 
         def body(*i):
-            v = qmath.mbqm(acc(*i), c(m), sh)
-            half = c(count // 2)
-            r = tirx.Select(v > c(0), tirx.truncdiv(v + half, c(count)), tirx.truncdiv(v - half, c(count)))
-            return qmath.clamp(r + c(zo), -128, 127).astype("int8")
+            v = qmath.mbqm(acc(*i) - c(zi * count), c(m), sh)
+            return qmath.clamp(v + c(zo), -128, 127).astype("int8")
         return te.compute(shape, body, name="mean")
     _need_f32(k, node)
     if kind == "max":

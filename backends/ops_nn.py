@@ -38,10 +38,10 @@ def _check_int8(k, node, names):
             k.fail(f"int8 kernel needs quantised int8 {v!r}, got {t}")
 
 
-def requant_epilogue(k, node, acc, out_type, channels, w_scales, in_scale, axis_index, act):
+def requant_epilogue(k, node, acc, out_type, channels, axis_index, act):
     """acc (int32 te tensor) -> int8: MultiplyByQuantizedMultiplier per channel, + zero point,
     activation clamp. ``axis_index(idx) -> channel expr``."""
-    mult, shift = qmath.per_channel_requant(in_scale, w_scales, _scale(out_type), channels)
+    mult, shift = qmath.linear_requant(k.type(node.inputs[0]), k.type(node.inputs[1]), out_type, channels)
     zy = _zp(out_type)
     lo, hi = qmath.activation_range(act, _scale(out_type), zy)
     if len(set(mult.tolist())) == 1 and len(set(shift.tolist())) == 1:
@@ -130,8 +130,7 @@ def lower_conv2d(k, node, xs):
             acc2 = te.compute(acc.shape, lambda n, oh, ow, o: acc[n, oh, ow, o] + bias[o], name="bias")
         else:
             acc2 = acc
-        return requant_epilogue(k, node, acc2, ty, O, tw.quant.scale, _scale(tx), lambda idx: idx[3],
-                                a["activation"])
+        return requant_epilogue(k, node, acc2, ty, O, lambda idx: idx[3], a["activation"])
     return te.compute(acc.shape, lambda n, oh, ow, o: _act_f32(acc[n, oh, ow, o] + (bias[o] if bias is not None else
                                                                                      tirx.const(0.0, F32)),
                                                                a["activation"]), name="conv")
@@ -164,8 +163,7 @@ def lower_dense(k, node, xs):
                 (x[i[:-1] + (kk,)].astype("int32") - c(zx)) * (w[i[-1], kk].astype("int32") - c(zw)), axis=[kk]),
                 name="acc")
         acc2 = te.compute(acc.shape, lambda *i: acc(*i) + bias[i[-1]], name="bias") if bias is not None else acc
-        return requant_epilogue(k, node, acc2, ty, N, tw.quant.scale, _scale(tx), lambda idx: idx[-1],
-                                node.attrs["activation"])
+        return requant_epilogue(k, node, acc2, ty, N, lambda idx: idx[-1], node.attrs["activation"])
     if tx.dtype != F32:
         k.fail(f"dense on {tx.dtype} is not supported")
     acc = te.compute(lead + (N,), lambda *i: te.sum(x[i[:-1] + (kk,)] * w[i[-1], kk], axis=[kk]), name="acc")

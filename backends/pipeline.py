@@ -63,7 +63,7 @@ def load(st):
         else:
             from kiln.frontend import load as load_graph
             st["graph"] = load_graph(path)
-    st["graph"].validate()
+
     st["model_name"] = st["graph"].name
 
 
@@ -72,7 +72,7 @@ def _import_tflite(path):
         from kiln.frontend import tflite_import
     except ImportError:
         raise KilnError(f"{path}: the .tflite importer (kiln.frontend.tflite_import) is not available") from None
-    for fn in ("load", "import_tflite", "load_tflite", "from_tflite"):
+    for fn in ("load_tflite", "load", "import_tflite"):
         if hasattr(tflite_import, fn):
             return getattr(tflite_import, fn)(path)
     raise KilnError("kiln.frontend.tflite_import has no load function")

@@ -177,6 +177,10 @@ ORDERS = {
     "greedy_by_area": lambda bs: sorted(bs, key=lambda b: (-b.size * (b.last - b.first + 1), b.first)),
     "greedy_by_lifetime": lambda bs: sorted(bs, key=lambda b: (-(b.last - b.first), -b.size)),
     "greedy_by_first_use": lambda bs: sorted(bs, key=lambda b: (b.first, -b.size)),
+    # latest-born first: a chain of in-place ops whose outputs sit a little below their inputs
+    # (depthwise, 1x1 conv) is laid out from its end, each input just above its output
+    "greedy_reverse_time": lambda bs: sorted(bs, key=lambda b: (-b.first, -b.size)),
+    "greedy_by_size_reverse_time": lambda bs: sorted(bs, key=lambda b: (-b.size, -b.first)),
 }
 
 

@@ -7,8 +7,6 @@ SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT (two roundings; not
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from tvm import tirx
 
@@ -16,54 +14,48 @@ I32, I64 = "int32", "int64"
 
 
 def quantize_multiplier(real):
-    """(multiplier, shift) with real ~= multiplier * 2^(shift - 31), TFLite's QuantizeMultiplier."""
-    try:
-        from kiln.quantize.fixedpoint import quantize_multiplier as qm
-    except ImportError:  # quantize/ not available: TFLite's algorithm
-        qm = _quantize_multiplier
+    """(multiplier, shift) with real ~= multiplier * 2^(shift - 31) (TFLite's QuantizeMultiplier)."""
+    from kiln.quantize.fixedpoint import quantize_multiplier as qm
     m, s = qm(float(real))
     return int(m), int(s)
-
-
-def _quantize_multiplier(d):
-    if d == 0.0:
-        return 0, 0
-    q, shift = math.frexp(d)
-    q_fixed = int(round(q * (1 << 31)))
-    if q_fixed == (1 << 31):
-        q_fixed //= 2
-        shift += 1
-    if shift < -31:
-        shift, q_fixed = 0, 0
-    if shift > 30:
-        shift, q_fixed = 30, (1 << 31) - 1
-    return q_fixed, shift
 
 
 def c(v, dt=I32):
     return tirx.const(int(v), dt)
 
 
+def _bind(name, e, fn, dtype=I32):
+    """Let-bind ``e`` unless it is already a variable or a constant (keeps expressions linear)."""
+    if isinstance(e, (tirx.Var, tirx.IntImm)):
+        return fn(e)
+    return let(name, e, fn, dtype)
+
+
 def srdhm(a, b):
     """SaturatingRoundingDoublingHighMul(a, b) for int32 a, b (b is never INT32_MIN here:
     multipliers lie in [2^30, 2^31))."""
-    ab = a.astype(I64) * b.astype(I64)
-    nudge = tirx.Select(ab >= c(0, I64), c(1 << 30, I64), c(1 - (1 << 30), I64))
-    return tirx.truncdiv(ab + nudge, c(1 << 31, I64)).astype(I32)
+    def body(ab):
+        nudge = tirx.Select(ab >= c(0, I64), c(1 << 30, I64), c(1 - (1 << 30), I64))
+        return tirx.truncdiv(ab + nudge, c(1 << 31, I64)).astype(I32)
+    return _bind("ab", a.astype(I64) * b.astype(I64), body, I64)
 
 
 def rdbpot(x, e):
     """RoundingDivideByPOT(x, e), e >= 0 (an int or an int32 expression)."""
+    if isinstance(e, int) and e == 0:
+        return x
+
+    def body(xv, ev):
+        if isinstance(e, int):
+            mask, ee = c((1 << e) - 1), c(e)
+        else:
+            mask, ee = (c(1) << ev) - c(1), ev
+        rem = tirx.bitwise_and(xv, mask)
+        thr = (mask >> c(1)) + tirx.Select(xv < c(0), c(1), c(0))
+        return (xv >> ee) + tirx.Select(rem > thr, c(1), c(0))
     if isinstance(e, int):
-        if e == 0:
-            return x
-        mask = c((1 << e) - 1)
-        e = c(e)
-    else:
-        mask = (c(1) << e) - c(1)
-    rem = tirx.bitwise_and(x, mask)
-    thr = (mask >> c(1)) + tirx.Select(x < c(0), c(1), c(0))
-    return (x >> e) + tirx.Select(rem > thr, c(1), c(0))
+        return _bind("rx", x, lambda xv: body(xv, None))
+    return _bind("rx", x, lambda xv: _bind("re", e, lambda ev: body(xv, ev)))
 
 
 def let(name, value, body_fn, dtype=I32):
@@ -87,34 +79,20 @@ def clamp(x, lo, hi):
     return tirx.max(tirx.min(x, c(hi)), c(lo))
 
 
-# ---- compile-time constants --------------------------------------------------------------
+# ---- compile-time constants (the int8 reference's own prepare functions) ----------------------
 def activation_range(act, scale, zp, qmin=-128, qmax=127):
     """TFLite CalculateActivationRangeQuantized: clamp bounds in the output's int8 domain."""
-    def q(v):
-        return zp + int(_round_away(np.float32(v) / np.float32(scale)))
-    if act == "relu":
-        return max(qmin, q(0.0)), qmax
-    if act == "relu6":
-        return max(qmin, q(0.0)), min(qmax, q(6.0))
-    if act in ("none", None):
-        return qmin, qmax
-    raise NotImplementedError(f"fused activation {act!r} in int8")
+    from kiln.quantize.fixedpoint import activation_range as ar
+    return ar(act, scale, zp, qmin, qmax)
 
 
-def _round_away(x):
-    x = float(x)
-    return math.floor(x + 0.5) if x >= 0 else -math.floor(-x + 0.5)
-
-
-def per_channel_requant(in_scale, w_scales, out_scale, n):
-    """Multipliers and shifts for conv/dense: input_scale * weight_scale[c] / output_scale
-    (computed in double from the float32 scales, as TFLite does)."""
-    ws = list(w_scales)
-    if len(ws) == 1:
-        ws = ws * n
-    mult, shift = [], []
-    for s in ws:
-        m, sh = quantize_multiplier(float(np.float32(in_scale)) * float(np.float32(s)) / float(np.float32(out_scale)))
-        mult.append(m)
-        shift.append(sh)
-    return np.asarray(mult, np.int32), np.asarray(shift, np.int32)
+def linear_requant(in_type, w_type, out_type, n):
+    """Multipliers and shifts of a conv/dense output, exactly as the int8 reference derives them
+    (per channel: double product; per-tensor dense: float32 product, as TFLite)."""
+    from kiln.quantize._qutil import channel_params, per_tensor
+    from kiln.quantize.int8_linear import requantize_params
+    s_in, _ = per_tensor(in_type, "input", "conv/dense")
+    s_out, _ = per_tensor(out_type, "output", "conv/dense")
+    ws, _, per_channel = channel_params(w_type, n, "conv/dense")
+    mult, shift = requantize_params(s_in, ws, s_out, per_channel=per_channel)
+    return np.asarray(mult, np.int64).astype(np.int32), np.asarray(shift, np.int64).astype(np.int32)

@@ -55,7 +55,6 @@ def _lower_passes():
         s_tir.transform.StmtSimplify(),
         s_tir.transform.LowerOpaqueBlock(),
         tirx.transform.FlattenBuffer(),
-        tirx.transform.NarrowDataType(32),
         s_tir.transform.LoopPartition(),
         tirx.transform.VectorizeLoop(False),
         tirx.transform.StorageRewrite(),

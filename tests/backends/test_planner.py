@@ -1,0 +1,90 @@
+"""Memory planner: hand-checkable cases, in-place aliasing, overlap checker, rendering."""
+import pytest
+
+from kiln.backends.planner import Alias, Buffer, MemoryPlan, overlaps, plan, plot
+
+
+def test_chain_reuses_memory():
+    # a -> b -> c: a and c never live together, so c can sit where a was
+    bufs = [Buffer("a", 100, 0, 1, 4), Buffer("b", 50, 1, 2, 4), Buffer("c", 100, 2, 3, 4)]
+    p = plan(bufs)
+    assert p.peak == 150
+    assert p.offsets["a"] == p.offsets["c"]
+    assert not overlaps(bufs, p.offsets)
+
+
+def test_greedy_by_size_order_hand_checked():
+    # TFLM's greedy-by-size: biggest first at 0, then the next at the lowest free offset
+    bufs = [Buffer("x", 40, 0, 2, 4), Buffer("y", 80, 1, 3, 4), Buffer("z", 20, 3, 4, 4)]
+    p = plan(bufs, strategies=["greedy_by_size"])
+    assert p.offsets == {"y": 0, "x": 80, "z": 80}
+    assert p.peak == 120
+
+
+def test_alignment():
+    bufs = [Buffer("a", 3, 0, 1, 16), Buffer("b", 5, 0, 1, 16)]
+    p = plan(bufs)
+    assert sorted(p.offsets.values()) == [0, 16]
+    assert p.peak == 21 and p.arena_bytes == 32
+
+
+def test_inplace_elementwise_aliases_exactly():
+    # relu(x) may overwrite x: the plan needs one buffer, not two
+    bufs = [Buffer("x", 64, 0, 1, 4), Buffer("y", 64, 1, 2, 4)]
+    no = plan(bufs, strategies=["greedy_by_size"])
+    assert no.peak == 128
+    yes = plan(bufs, [Alias("y", "x", 0)])
+    assert yes.peak == 64 and yes.offsets["x"] == yes.offsets["y"]
+    assert yes.strategy.endswith("+inplace")
+    assert yes.tried["greedy_by_size"] == 128
+
+
+def test_inplace_with_shift_places_output_below_input():
+    # a depthwise conv that needs its output 12 bytes below its input
+    bufs = [Buffer("x", 100, 0, 1, 4), Buffer("y", 100, 1, 2, 4)]
+    p = plan(bufs, [Alias("y", "x", 12)])
+    assert p.offsets["x"] - p.offsets["y"] >= 12
+    assert p.peak == 112
+
+
+def test_inplace_hint_needs_matching_lifetimes():
+    with pytest.raises(ValueError, match="must die where"):
+        plan([Buffer("x", 8, 0, 3), Buffer("y", 8, 1, 2)], [Alias("y", "x", 0)])
+
+
+def test_overlap_checker_finds_conflicts():
+    bufs = [Buffer("a", 10, 0, 2, 1), Buffer("b", 10, 1, 3, 1)]
+    bad = overlaps(bufs, {"a": 0, "b": 5})
+    assert bad and "overlaps" in bad[0]
+    assert not overlaps(bufs, {"a": 0, "b": 10})
+    # an allowed in-place pair must respect its shift
+    assert overlaps(bufs, {"a": 0, "b": 5}, [Alias("b", "a", 0)])
+    with pytest.raises(ValueError):
+        MemoryPlan(bufs, {"a": 0, "b": 5}, 15).check()
+
+
+def test_rendering(tmp_path):
+    bufs = [Buffer("input", 64, 0, 0, 4), Buffer("conv", 128, 0, 1, 4), Buffer("out", 16, 1, 1, 4)]
+    p = plan(bufs)
+    txt = p.table()
+    assert "input" in txt and "peak" in txt
+    assert len(p.drawing().splitlines()) == 2 + 2
+    png = plot(p, tmp_path / "m.png")
+    assert (tmp_path / "m.png").stat().st_size > 1000 and str(png).endswith(".png")
+
+
+def test_random_lifetimes_never_overlap():
+    import random
+    rng = random.Random(1)
+    for trial in range(30):
+        bufs, aliases = [], []
+        for i in range(12):
+            f = rng.randrange(10)
+            bufs.append(Buffer(f"b{i}", rng.randrange(1, 300), f, f + rng.randrange(4), 4))
+        for i in range(11):
+            a, b = bufs[i], bufs[i + 1]
+            if a.last == b.first and rng.random() < 0.5:
+                aliases.append(Alias(b.name, a.name, rng.choice([0, 8, 40])))
+        p = plan(bufs, aliases)
+        assert not overlaps(bufs, p.offsets, aliases)
+        assert p.peak <= plan(bufs, strategies=["greedy_by_size"]).peak
