@@ -116,9 +116,9 @@ def lower_conv2d(k, node, xs):
         acc = te.compute((G["N"], G["oh"], G["ow"], O),
                          lambda n, oh, ow, o: te.sum(term(xp[n, oh * sh + kh * dh, ow * sw + kw * dw, o // M],
                                                           w[o, kh, kw, 0]), axis=[kh, kw]), name="acc")
-    elif dsp and g == 1 and schedules.ENABLED:
-        acc, patch = schedules.conv_patch_compute(xp, w, G, term, x_is_padded=xp is not x)
-        k.schedule(schedules.dsp_conv_schedule(k, G, zx, patch is not None))
+    elif dsp and g == 1 and schedules.ENABLED and k.value(node.inputs[1]) is not None:
+        acc, patch = schedules.conv_patch_compute(k, node, xp, G, zx)
+        k.schedule(schedules.dsp_conv_schedule(G, zx, patch is not None))
     else:
         kc = te.reduce_axis((0, I), "kc")
         acc = te.compute((G["N"], G["oh"], G["ow"], O),
@@ -155,9 +155,9 @@ def lower_dense(k, node, xs):
         if len(set(zws)) != 1:
             k.fail("int8 dense needs one weight zero point")
         zw = zws[0]
-        if k.target.dsp and zw == 0 and schedules.ENABLED:
-            acc = schedules.dense_dot_compute(x, w, lead, N, K, zx)
-            k.schedule(schedules.dsp_dense_schedule(k, K, zx))
+        if k.target.dsp and zw == 0 and schedules.ENABLED and k.value(node.inputs[1]) is not None:
+            acc = schedules.dense_dot_compute(k, node, x, lead, N, K, zx)
+            k.schedule(schedules.dsp_dense_schedule(K, zx))
         else:
             acc = te.compute(lead + (N,), lambda *i: te.sum(
                 (x[i[:-1] + (kk,)].astype("int32") - c(zx)) * (w[i[-1], kk].astype("int32") - c(zw)), axis=[kk]),

@@ -15,8 +15,9 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.ir import PointerType, PrimType
 
-# stack arrays at least this large become scratch parameters planned into the arena
-SCRATCH_MIN_BYTES = 32
+# stack arrays of at least this many bytes become scratch parameters planned into the arena
+# (smaller ones, e.g. the per-pixel patch of a 3x3x16 conv, stay on the stack)
+SCRATCH_MIN_BYTES = 256
 
 
 @dataclasses.dataclass
