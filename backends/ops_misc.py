@@ -256,12 +256,11 @@ def lower_concat(k, node, xs):
         k.fail("int8 concat needs the same quantisation on every input and the output")
 
     def body(*i):
-        off = sum(t.shape[axis] for t in ts)
-        v = None
-        for x, t in reversed(list(zip(xs, ts))):
-            off -= t.shape[axis]
+        v, off = None, 0
+        for x, t in zip(xs, ts):
             j = tuple(i[d] - off if d == axis else i[d] for d in range(len(i)))
             v = x[j] if v is None else tirx.if_then_else(i[axis] >= off, x[j], v)
+            off += t.shape[axis]
         return v
     return te.compute(_shape(ty), body, name="concat")
 
