@@ -240,6 +240,8 @@ def lower_group(graph, group, target, consts, kname) -> Kernel:
     if tuple(int(s) for s in out.shape) != (tuple(want.shape) or (1,)) or out.dtype != want.dtype:
         raise LoweringError(f"node {group.nodes[-1].name!r}: lowering produced {out.dtype}{list(out.shape)}, "
                             f"graph says {want}")
+    if isinstance(out.op, te.ComputeOp) and len(out.op.reduce_axis):
+        k.inplace_hints.clear()   # a reduction into the output stores before it has read everything
     phs = _used_placeholders(out)
     func = te.create_prim_func(phs + [out])
     sch = s_tir.Schedule(func)

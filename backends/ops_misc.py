@@ -267,8 +267,14 @@ def lower_concat(k, node, xs):
 
 # ---- (de)quantisation -----------------------------------------------------------------------
 def _round_half_away(v):
-    half = tirx.const(0.5, F32)
-    return tirx.Select(v >= tirx.const(0.0, F32), tirx.floor(v + half), -tirx.floor(-v + half))
+    """C round() / TfLiteRound exactly: floor(|v|), +1 if the fraction is >= 0.5, sign restored
+    (floor(v + 0.5) is wrong for 0.49999997)."""
+    def body(vv):
+        return qmath.let("qa", tirx.Select(vv < tirx.const(0.0, F32), -vv, vv), lambda a: qmath.let(
+            "qf", tirx.floor(a), lambda f: qmath.let(
+                "qr", tirx.Select(a - f >= tirx.const(0.5, F32), f + tirx.const(1.0, F32), f),
+                lambda r: tirx.Select(vv < tirx.const(0.0, F32), -r, r), F32), F32), F32)
+    return qmath._bind("qx", v, body, F32)
 
 
 @lower_rule("quantize")
@@ -280,8 +286,11 @@ def lower_quantize(k, node, xs):
     zo, so = int(ty.quant.zero_point[0]), float(np.float32(ty.quant.scale[0]))
     k.inplace(node.inputs[0], inplace.elementwise_shift(tx, ty) or 0)
     if tx.dtype == F32:
-        return te.compute(_shape(ty), lambda *i: qmath.clamp(
-            _round_half_away(x(*i) / tirx.const(so, F32)).astype("int32") + c(zo), -128, 127).astype("int8"),
+        # the scale as a float32 constant array: C literals printed by TVM keep only 7 digits
+        sc = k.const("scale", np.asarray([so], np.float32))
+        lo, hi = float(-128 - zo), float(127 - zo)
+        return te.compute(_shape(ty), lambda *i: (qmath.let("qv", _round_half_away(x(*i) / sc[0]), lambda r: tirx.max(
+            tirx.min(r, tirx.const(hi, F32)), tirx.const(lo, F32)), F32).astype("int32") + c(zo)).astype("int8"),
             name="quantize")
     if tx.dtype == "int8" and tx.quant is not None:
         zi = int(tx.quant.zero_point[0])
@@ -297,6 +306,7 @@ def lower_dequantize(k, node, xs):
     tx, ty = k.type(node.inputs[0]), k.type(node.name)
     if tx.quant is None or tx.quant.per_channel or ty.dtype != F32:
         k.fail(f"dequantize {tx} -> {ty}: per-tensor quantised input and float32 output expected")
-    zi, si = int(tx.quant.zero_point[0]), float(np.float32(tx.quant.scale[0]))
-    return te.compute(_shape(ty), lambda *i: (tirx.const(si, "float64") * (x(*i).astype("int32") - c(zi)).astype("float64")
-                                              ).astype(F32), name="dequantize")
+    # 256 possible inputs: the table is the int8 reference's own result (exact)
+    from .ops_elementwise import int8_table
+    table = k.const("table", int8_table(k, node).astype(np.float32))
+    return te.compute(_shape(ty), lambda *i: table[x(*i).astype("int32") + c(128)], name="dequantize")

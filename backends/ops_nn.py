@@ -261,4 +261,7 @@ def lower_max_pool(k, node, xs):
         if G["pt"] or G["pb"] or G["pl"] or G["pr"]:
             return tirx.if_then_else(_inb(h, w_, G), v, lowest)
         return v
-    return te.compute(ty.shape, lambda n, oh, ow, ch: te.max(tap(n, oh, ow, ch), axis=[kh, kw]), name="maxpool")
+    # the window maximum accumulates in a scalar and is stored once (in-place safe: every read of
+    # an output element's window happens before its store)
+    acc = te.compute(ty.shape, lambda n, oh, ow, ch: te.max(tap(n, oh, ow, ch), axis=[kh, kw]), name="acc")
+    return te.compute(ty.shape, lambda *i: acc(*i), name="maxpool")

@@ -249,3 +249,29 @@ def test_ram_budget_overflow_is_reported(tmp_path):
     g.outputs = ["d"]
     with pytest.raises(BudgetError, match=r"budget of 1000 B \(over by \d+ B\)"):
         compile_pkg(g, target="cortex-m4", out_dir=tmp_path, ram_budget=1000)
+
+
+@pytest.mark.parametrize("int8_io", [False, True])
+def test_ptq_digits_cnn_bit_exact(int8_io, tmp_path):
+    """The demo's digits CNN (random init), post-training quantised: the host package matches the
+    int8 reference on every test image (float I/O runs quantize -> int8 kernels -> dequantize)."""
+    from kiln.frontend import manual_seed, trace
+    from kiln.quantize.ptq import ptq
+    from kiln.training.data import digits
+    from kiln.training.zoo import digits_cnn
+    manual_seed(0)
+    g = trace(digits_cnn(), (1, 8, 8, 1))
+    train, test = digits()
+    xs = np.asarray(train[0] if isinstance(train, tuple) else train.x)[:128]
+    qg = ptq(g, xs, int8_io=int8_io)
+    pkg = compile_pkg(qg, target="cortex-m4" if int8_io else "host", out_dir=tmp_path, plot=False, measure_size=False)
+    tx = np.asarray(test[0] if isinstance(test, tuple) else test.x)[:60]
+    from kiln.frontend import run as ref_run
+    for x in tx:
+        x = x[None]
+        if int8_io:
+            t = qg.types[qg.inputs[0]]
+            x = np.clip(np.round(x / t.quant.scale[0]) + t.quant.zero_point[0], -128, 127).astype(np.int8)
+        want = ref_run(qg, x)[0]
+        got = pkg.run(x)[0]
+        np.testing.assert_array_equal(got, want)
