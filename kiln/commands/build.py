@@ -1,0 +1,25 @@
+"""kiln build --board B MODEL: compile (unless MODEL is a package folder) and build firmware."""
+from __future__ import annotations
+
+import os
+
+
+def add_arguments(p):
+    p.add_argument("model", help=".tflite, Kiln graph .json, or a package folder from `kiln compile`")
+    p.add_argument("--board", required=True, help="board name (see `kiln boards`)")
+    p.add_argument("-o", "--out", default=None, help="output folder (default: build/<board>)")
+    p.add_argument("--emulate", action="store_true",
+                   help="for a real board: also make the image runnable in QEMU (real memory sizes kept)")
+    p.add_argument("--stack-size", type=int, default=8192)
+
+
+def run(args):
+    from kiln import hil
+    out = args.out or os.path.join("build", args.board)
+    image, pkg_dir = hil.build_for_board(args.model, args.board, out, emulate=args.emulate or None,
+                                         stack_size=args.stack_size)
+    sizes = image.sizes.to_dict()
+    rep = {"board": args.board, "package": pkg_dir, "elf": str(image.elf), "bin": str(image.bin),
+           "hex": str(image.hex), "sizes": sizes}
+    rep["text"] = (f"built {image.elf}\n  also {image.bin}, {image.hex}\n\n{image.sizes}")
+    return rep
