@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import tempfile
 import time
 
@@ -76,12 +75,6 @@ def markdown(results):
     return "\n".join(L)
 
 
-def write_section(path, text):
-    old = open(path).read() if os.path.exists(path) else "# Benchmarks\n\n"
-    pat = re.compile(r"^## C backend\n.*?(?=^## |\Z)", re.S | re.M)
-    new = pat.sub(lambda m: text + "\n\n", old) if pat.search(old) else old.rstrip("\n") + "\n\n" + text + "\n"
-    with open(path, "w") as f:
-        f.write(new)
 
 
 def main(argv=None):
@@ -98,6 +91,7 @@ def main(argv=None):
     else:
         print(text)
     if not a.no_write:
+        from kiln.docs_util import write_section
         write_section(a.markdown, text)
 
 

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import time
 
 import numpy as np
@@ -125,12 +124,6 @@ def markdown(digits, shared, meta):
     return "\n".join(L)
 
 
-def write_section(path, text):
-    old = open(path).read() if os.path.exists(path) else "# Benchmarks\n\n"
-    pat = re.compile(r"^## Quantisation\n.*?(?=^## |\Z)", re.S | re.M)
-    new = pat.sub(lambda m: text + "\n", old) if pat.search(old) else old.rstrip("\n") + "\n\n" + text + "\n"
-    with open(path, "w") as f:
-        f.write(new)
 
 
 def main(argv=None):
@@ -151,6 +144,7 @@ def main(argv=None):
             "date": time.strftime("%Y-%m-%d"), "test": ntest, "train_seconds": train_s}
     text = markdown(digits, shared, meta)
     if not a.no_write:
+        from kiln.docs_util import write_section
         write_section(a.markdown, text)
     if a.json:
         print(json.dumps({"digits": digits, "shared": shared, "meta": meta}))

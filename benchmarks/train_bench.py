@@ -293,16 +293,6 @@ def render(digits, steps, args, cmd):
     return "\n".join(lines)
 
 
-def write_section(text, path):
-    old = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    if SECTION in old:
-        start = old.index(SECTION)
-        nxt = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text.rstrip() + "\n" + ("\n" + old[nxt + 1:] if nxt >= 0 else "")
-    else:
-        new = old.rstrip() + "\n\n" + text.rstrip() + "\n"
-    with open(path, "w") as f:
-        f.write(new)
 
 
 def main(argv=None):
@@ -325,7 +315,8 @@ def main(argv=None):
     text = render(digits, steps, args, cmd.strip())
     print(text)
     if args.write:
-        write_section(text, os.path.join(ROOT, "docs", "benchmarks.md"))
+        from kiln.docs_util import write_section
+        write_section(os.path.join(ROOT, "docs", "benchmarks.md"), text)
     return 0
 
 

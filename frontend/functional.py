@@ -9,7 +9,6 @@ import numpy as np
 
 from .tensor import Tensor, as_tensor, constant, current_graph, user_location  # noqa: F401
 from .errors import TraceError
-from .types import FLOAT_DTYPES
 
 
 def _graph_of(args):

@@ -121,7 +121,6 @@ def from_dict(d, arrays) -> Graph:
     names = list(d["params"]) + list(d["consts"])
     for k, name in enumerate(names):
         arr = arrays[k]
-        t = types[name]
         (g.params if k < len(d["params"]) else g.consts)[name] = arr
     g.inputs = list(d["inputs"])
     g.types = types

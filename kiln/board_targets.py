@@ -3,7 +3,6 @@ model for the board's core, build the firmware (real boards with their real memo
 QEMU on the machine with the same core unless a port is given), run every golden input on it."""
 from __future__ import annotations
 
-import os
 import tempfile
 
 from kiln.targets import Target, register_target

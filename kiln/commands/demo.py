@@ -13,8 +13,6 @@ import time
 
 import numpy as np
 
-from kiln.frontend.errors import KilnError
-
 
 def add_arguments(p):
     p.add_argument("--board", default="mps2-an386", help="emulated board to run on (default mps2-an386)")
@@ -58,7 +56,7 @@ def _argmax(ys):
 
 def run(args):
     from kiln import hil
-    from kiln.frontend import run as execute, save
+    from kiln.frontend import save
     from kiln.quantize import ptq
     from kiln.training import train_digits
     from kiln.training.data import digits
