@@ -19,11 +19,13 @@
 #define KILN_HAVE_DSP 0
 #endif
 
-/* four int8 values from any address (an unaligned LDR on Armv7-M and later) */
+/* four int8 values from any address (an unaligned LDR on Armv7-M and later). __builtin_memcpy,
+ * not memcpy: firmware builds use -ffreestanding (-fno-builtin), under which a plain memcpy is
+ * an out-of-line library call per load. */
 static inline uint32_t kiln_read_s8x4(const int8_t *p)
 {
     uint32_t v;
-    memcpy(&v, p, sizeof v);
+    __builtin_memcpy(&v, p, sizeof v);
     return v;
 }
 
