@@ -25,7 +25,9 @@ def test_alignment():
     bufs = [Buffer("a", 3, 0, 1, 16), Buffer("b", 5, 0, 1, 16)]
     p = plan(bufs)
     assert sorted(p.offsets.values()) == [0, 16]
-    assert p.peak == 21 and p.arena_bytes == 32
+    # either order is aligned; the planner keeps the smaller peak (b at 0, a at 16: 19 bytes)
+    assert p.peak == max(p.offsets[b.name] + b.size for b in bufs) == 19
+    assert p.arena_bytes == 32
 
 
 def test_inplace_elementwise_aliases_exactly():
