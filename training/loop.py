@@ -63,10 +63,11 @@ class TrainConfig:
     max_steps: int | None = None
     eval_batch_size: int = 512
     threads: int | None = None       # BLAS threads during the run (None: leave NumPy's default)
+    backend: str = "numpy"           # numpy (reference executor) | tvm (step graph compiled with TVM llvm)
 
 
 # options that may differ between a run and its resumption
-RESUMABLE_CHANGES = ("epochs", "checkpoint_every", "max_steps", "eval_batch_size", "threads")
+RESUMABLE_CHANGES = ("epochs", "checkpoint_every", "max_steps", "eval_batch_size", "threads", "backend")
 
 
 @dataclasses.dataclass
@@ -232,8 +233,10 @@ def _fit(model, train, test, input_shape, cfg, out, resume, quiet, model_name):
     elif out:
         log.rewrite([])
 
-    steps = GraphCache(lambda b: StepGraph(model, cfg.loss, sample, b, tshape, cfg.label_smoothing, dtype))
-    evals = GraphCache(lambda b: EvalGraph(model, sample, b, loss=cfg.loss, target_shape=tshape, dtype=dtype))
+    steps = GraphCache(lambda b: StepGraph(model, cfg.loss, sample, b, tshape, cfg.label_smoothing, dtype,
+                                           backend=cfg.backend))
+    evals = GraphCache(lambda b: EvalGraph(model, sample, b, loss=cfg.loss, target_shape=tshape, dtype=dtype,
+                                           backend=cfg.backend))
 
     def save_ckpt():
         if ck_path:

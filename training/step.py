@@ -63,8 +63,10 @@ def _float_dtype(model):
 
 class StepGraph:
     def __init__(self, model: Module, loss="cross_entropy", sample_shape=(), batch=32, target_shape=None,
-                 label_smoothing=0.0, dtype=None):
+                 label_smoothing=0.0, dtype=None, backend="numpy"):
         fn, kind = get_loss(loss)
+        self.backend = _check_backend(backend)
+        self._compiled = None
         self.loss_name, self.target_kind = loss, kind
         self.dtype = np.dtype(dtype or _float_dtype(model)).name
         kw = {"label_smoothing": label_smoothing} if label_smoothing else {}
@@ -95,8 +97,12 @@ class StepGraph:
 
     def __call__(self, params: dict, buffers: dict, x, y=None, dropout_key=None, check=False):
         """Run one step: returns (loss float, prediction, {param: grad}, {buffer: new value})."""
-        outs, upd = executor.run_updates(self.graph, feeds=self.feeds(x, y, dropout_key),
-                                         params={**params, **buffers}, check=check)
+        feeds, ps = self.feeds(x, y, dropout_key), {**params, **buffers}
+        if self.backend == "tvm" and not check:   # check mode (NaN diagnosis) always uses the reference
+            self._compiled = self._compiled or _compile_host(self.graph, with_updates=True)
+            outs, upd = self._compiled.run_updates(feeds=feeds, params=ps)
+        else:
+            outs, upd = executor.run_updates(self.graph, feeds=feeds, params=ps, check=check)
         loss, pred = outs[0], outs[1]
         grads = dict(zip(self.param_names, outs[2:]))
         return float(loss), pred, grads, upd
@@ -106,8 +112,11 @@ class EvalGraph:
     """The model in eval mode on a fixed batch size, followed by the loss (for test metrics):
     outputs ``[loss, prediction]``; the targets input is as in :class:`StepGraph`."""
 
-    def __init__(self, model: Module, sample_shape, batch, loss="cross_entropy", target_shape=None, dtype=None):
+    def __init__(self, model: Module, sample_shape, batch, loss="cross_entropy", target_shape=None, dtype=None,
+                 backend="numpy"):
         fn, kind = get_loss(loss)
+        self.backend = _check_backend(backend)
+        self._compiled = None
         self.dtype = np.dtype(dtype or _float_dtype(model))
         self.target_kind = kind
         was = model.training
@@ -124,8 +133,28 @@ class EvalGraph:
         feeds = {"x": x}
         if self.target_input is not None:
             feeds[self.target_input] = y
-        loss, pred = executor.run(self.graph, feeds=feeds, params={**params, **buffers})
+        if self.backend == "tvm":
+            self._compiled = self._compiled or _compile_host(self.graph)
+            loss, pred = self._compiled(feeds=feeds, params={**params, **buffers})
+        else:
+            loss, pred = executor.run(self.graph, feeds=feeds, params={**params, **buffers})
         return float(loss), pred
+
+
+BACKENDS = ("numpy", "tvm")
+
+
+def _check_backend(name):
+    if name not in BACKENDS:
+        from kiln.frontend.errors import KilnError
+        raise KilnError(f"unknown training backend {name!r}: use 'numpy' (the reference executor) or 'tvm' "
+                        f"(the step graph compiled for the host CPU with TVM's llvm target)")
+    return name
+
+
+def _compile_host(graph, with_updates=False):
+    from kiln.backends import llvm_host
+    return llvm_host.compile(graph, with_updates=with_updates)
 
 
 class GraphCache:

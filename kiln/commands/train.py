@@ -32,6 +32,7 @@ OPTIONS = [  # (flag, TrainConfig field, type, help)
     ("--checkpoint-every", "checkpoint_every", int, "also checkpoint every N optimiser steps"),
     ("--max-steps", "max_steps", int, "stop after N optimiser steps"),
     ("--threads", "threads", int, "BLAS threads (default: NumPy's)"),
+    ("--backend", "backend", str, "numpy (reference executor, default) | tvm (step compiled with TVM for the host CPU)"),
 ]
 
 
