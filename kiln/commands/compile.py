@@ -1,4 +1,5 @@
-"""kiln compile MODEL --target T -o DIR: compile a model to a self-contained C package."""
+"""kiln compile MODEL --target T -o DIR: compile a model to a self-contained C package (Cortex-M or
+host), or with --target cuda to a CUDA package (.cu sources, launch plan, weights blob, manifest)."""
 from __future__ import annotations
 
 from kiln.backends.cpus import TARGETS
@@ -6,17 +7,21 @@ from kiln.backends.cpus import TARGETS
 
 def add_arguments(p):
     p.add_argument("model", help="model file: .tflite or Kiln graph .json")
-    p.add_argument("--target", default="cortex-m4", choices=sorted(TARGETS),
-                   help="C backend target (default cortex-m4)")
+    p.add_argument("--target", default="cortex-m4", choices=sorted(TARGETS) + ["cuda"],
+                   help="C backend target (default cortex-m4), or cuda")
+    p.add_argument("--arch", default="sm_90", help="CUDA architecture for --target cuda (default sm_90)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                   help="CUDA compute dtype for --target cuda (half types accumulate in float32)")
     p.add_argument("-o", "--out", required=True, help="output folder for the C package")
     p.add_argument("--ram-budget", type=int, default=None, help="fail if the arena needs more bytes than this")
     p.add_argument("--no-plot", action="store_true", help="do not draw memory.png")
 
 
 def run(args):
-    from kiln.backends import compile as compile_pkg
-    pkg = compile_pkg(args.model, target=args.target, out_dir=args.out, ram_budget=args.ram_budget,
-                      plot=not args.no_plot)
+    if args.target == "cuda":
+        return _run_cuda(args)
+    from kiln import hil
+    pkg = hil.compile_model(args.model, args.target, args.out, ram_budget=args.ram_budget, plot=not args.no_plot)
     m = pkg.manifest
     sizes = m.get("sizes") or {}
     rep = {"model": m["model"], "target": m["target"], "package": pkg.path, "commands": len(m["commands"]),
@@ -32,4 +37,26 @@ def run(args):
              f"  MACs          {rep['macs']:,}",
              f"  compile time  {rep['compile_seconds']:.2f} s"]
     rep["text"] = "\n".join(lines)
+    return rep
+
+
+def _run_cuda(args):
+    import json
+    import os
+    import time
+    from kiln import hil
+    from kiln.backends import cuda
+    from kiln.frontend import save
+    t0 = time.time()
+    graph = hil.load_model(args.model)
+    pkg = cuda.compile(graph, args.out, arch=args.arch, dtype=args.dtype)
+    save(graph, os.path.join(args.out, "graph.json"))
+    with open(os.path.join(args.out, "manifest.json")) as f:
+        m = json.load(f)
+    rep = {"model": graph.name, "target": "cuda", "arch": args.arch, "dtype": args.dtype, "package": args.out,
+           "launches": m["launches"], "kernels": len(m["kernels"]), "arena_bytes": m["arena_bytes"],
+           "weight_bytes": m["weights_bytes"], "compile_seconds": round(time.time() - t0, 2)}
+    rep["text"] = (f"compiled {graph.name} for cuda ({args.arch}, {args.dtype}) -> {args.out}\n"
+                   f"  {rep['launches']} launches of {rep['kernels']} kernels, arena {rep['arena_bytes']} B, weights {rep['weight_bytes']} B, "
+                   f"{rep['compile_seconds']} s")
     return rep
