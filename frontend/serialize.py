@@ -53,12 +53,15 @@ def save(graph: Graph, path):
     blob = buf.getvalue()
     d = to_dict(graph)
     d["tensors"] = {"file": os.path.basename(npath), "sha256": hashlib.sha256(blob).hexdigest()}
-    _atomic_write(npath, blob)
-    _atomic_write(jpath, json.dumps(d, indent=1).encode())
+    atomic_write(npath, blob)
+    atomic_write(jpath, json.dumps(d, indent=1).encode())
     return jpath
 
 
-def _atomic_write(path, data: bytes):
+def atomic_write(path, data: bytes):
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one:
+    temporary file in the same folder, flush, fsync, rename, fsync the folder."""
+    path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
     tmp = path + ".tmp"
@@ -67,6 +70,16 @@ def _atomic_write(path, data: bytes):
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def load(path) -> Graph:

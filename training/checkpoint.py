@@ -22,6 +22,7 @@ import zipfile
 import numpy as np
 
 from kiln.frontend.errors import KilnError
+from kiln.frontend.serialize import atomic_write
 
 FORMAT = "kiln-checkpoint"
 VERSION = 1
@@ -41,26 +42,6 @@ def _digest(arrays):
     return h.hexdigest()
 
 
-def atomic_write(path, data: bytes):
-    path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def save(path, meta: dict, arrays: dict):
