@@ -20,6 +20,7 @@ def _plot_layers(per_layer, path, title):
             ax.text(i, n, f"{m / n:.2f}\nMAC/ins", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylim(0, max(ins + [1]) * 1.25)   # room for the MAC/instruction labels
     ax.set_ylabel("instructions")
     ax.set_title(title)
     fig.tight_layout()
