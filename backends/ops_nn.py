@@ -81,7 +81,7 @@ def lower_conv2d(k, node, xs):
     G = conv_geometry(tx.shape, tw.shape, a)
     g, I, O = G["g"], G["I"], G["O"]
     Og = O // g
-    depthwise = I == 1 and g == G["C"]
+    depthwise = I == 1 and g == G["C"] and g > 1   # C_in == 1: a regular (groups 1) conv
     k.macs(G["N"] * G["oh"] * G["ow"] * O * G["KH"] * G["KW"] * I)
     k.inplace(node.inputs[0], inplace.window_shift(tx, ty, G, depthwise, pool=False))
     q = quantized(k, node)
@@ -111,20 +111,23 @@ def lower_conv2d(k, node, xs):
     kw = te.reduce_axis((0, G["KW"]), "kw")
     sh, sw, dh, dw = G["sh"], G["sw"], G["dh"], G["dw"]
     dsp = q and k.target.dsp
+    bias = xs[2] if len(xs) == 3 else None
     if depthwise:
         M = Og  # depth multiplier
         acc = te.compute((G["N"], G["oh"], G["ow"], O),
                          lambda n, oh, ow, o: te.sum(term(xp[n, oh * sh + kh * dh, ow * sw + kw * dw, o // M],
                                                           w[o, kh, kw, 0]), axis=[kh, kw]), name="acc")
+        if schedules.ENABLED:
+            k.schedule(schedules.depthwise_schedule)
     elif dsp and g == 1 and schedules.ENABLED and k.value(node.inputs[1]) is not None:
-        acc, patch = schedules.conv_patch_compute(k, node, xp, G, zx)
-        k.schedule(schedules.dsp_conv_schedule(G, zx, patch is not None))
+        acc, patch, folded, zx_k = schedules.conv_patch_compute(k, node, xp, G, zx)
+        bias = folded if folded is not None else bias
+        k.schedule(schedules.dsp_conv_schedule(G, zx_k, patch is not None))
     else:
         kc = te.reduce_axis((0, I), "kc")
         acc = te.compute((G["N"], G["oh"], G["ow"], O),
                          lambda n, oh, ow, o: te.sum(term(xp[n, oh * sh + kh * dh, ow * sw + kw * dw, (o // Og) * I + kc],
                                                           w[o, kh, kw, kc]), axis=[kh, kw, kc]), name="acc")
-    bias = xs[2] if len(xs) == 3 else None
     if q:
         if bias is not None:
             acc2 = te.compute(acc.shape, lambda n, oh, ow, o: acc[n, oh, ow, o] + bias[o], name="bias")
@@ -156,8 +159,9 @@ def lower_dense(k, node, xs):
             k.fail("int8 dense needs one weight zero point")
         zw = zws[0]
         if k.target.dsp and zw == 0 and schedules.ENABLED and k.value(node.inputs[1]) is not None:
-            acc = schedules.dense_dot_compute(k, node, x, lead, N, K, zx)
-            k.schedule(schedules.dsp_dense_schedule(K, zx))
+            acc, folded, zx_k = schedules.dense_dot_compute(k, node, x, lead, N, K, zx)
+            bias = folded if folded is not None else bias
+            k.schedule(schedules.dsp_dense_schedule(K, zx_k, N))
         else:
             acc = te.compute(lead + (N,), lambda *i: te.sum(
                 (x[i[:-1] + (kk,)].astype("int32") - c(zx)) * (w[i[-1], kk].astype("int32") - c(zw)), axis=[kk]),

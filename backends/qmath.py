@@ -37,7 +37,9 @@ def srdhm(a, b):
     def body(ab):
         nudge = tirx.Select(ab >= c(0, I64), c(1 << 30, I64), c(1 - (1 << 30), I64))
         return tirx.truncdiv(ab + nudge, c(1 << 31, I64)).astype(I32)
-    return _bind("ab", a.astype(I64) * b.astype(I64), body, I64)
+    # a is Let-bound as an int32 first: otherwise the simplifier distributes the int64 cast over
+    # a sum (acc + bias) and gcc emits a 64x64 multiply instead of one SMULL
+    return _bind("sa", a, lambda av: _bind("ab", av.astype(I64) * b.astype(I64), body, I64))
 
 
 def rdbpot(x, e):

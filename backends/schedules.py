@@ -3,10 +3,11 @@
 conv2d (groups 1) and dense reduce over contiguous int8 runs: NHWC input channels and OHWI
 weight rows. The schedule builds, per output pixel, the padded input patch ``[KH*KW*C_in]``
 (im2col of one pixel; skipped for 1x1 stride-1 convs, whose pixel is already contiguous), keeps
-the accumulator a scalar under the output-channel loop, and tensorizes the reduction with a
-tensor intrinsic whose implementation calls ``kiln_dot_s8`` (``kiln_intrinsics.h``:
-SXTAB16/SXTB16/SMLAD, two MACs per instruction, with a portable C version for host builds).
-The input zero point rides in the SXTAB16 add, so the arithmetic is TFLite's exactly.
+4 (2, 1) int32 accumulators under a split output-channel loop, and tensorizes the (channel,
+reduction) loops with a tensor intrinsic whose implementation calls ``kiln_dot{4,2,1}_w16``
+(``kiln_intrinsics.h``: SXTB16/SMLAD against int16 weights packed at compile time by
+``pack_w16``, two MACs per instruction, with a portable C version for host builds). The input
+zero point is folded into the bias at compile time (``fold_zero_point``).
 Plain-C targets (Cortex-M0+/M3) keep the default schedule of ``lower.py``.
 """
 from __future__ import annotations
@@ -58,13 +59,134 @@ def dot_intrin(K, zx):
     return name
 
 
+def channel_block(O):
+    """Output channels per dot-product call (register blocking: each input word is loaded and
+    sign-extended once for all of them)."""
+    return 4 if O % 4 == 0 else 2 if O % 2 == 0 else 1
+
+
+def packed_cols(K):
+    """Row length (int8 elements) of the packed weight array for a reduction of length K: each
+    weight becomes an int16, the reduction is padded to a multiple of 4."""
+    return 2 * (-(-K // 4) * 4)
+
+
+def pack_w16(w2, nb):
+    """(O, K) int8 weights -> (O, packed_cols(K)) int8 bytes holding the int16 layout that
+    ``kiln_dot{nb}_w16`` reads (see kiln_intrinsics.h): per block of nb output channels, per group
+    of 4 reduction indices, per channel {w[k], w[k+2], w[k+1], w[k+3]}; then the K % 4 tail as one
+    zero-padded 4-slot group per channel. Block b occupies rows b*nb .. b*nb+nb-1 of the result,
+    so the TIR access w[b*nb, 0] points at it."""
+    w2 = np.asarray(w2, dtype=np.int16)
+    O, K = w2.shape
+    G = K // 4
+    wb = w2.reshape(O // nb, nb, K)
+    main = wb[:, :, :4 * G].reshape(O // nb, nb, G, 4)[..., [0, 2, 1, 3]].transpose(0, 2, 1, 3)
+    tail = np.zeros((O // nb, nb, 4), np.int16)
+    tail[..., :K - 4 * G] = wb[:, :, 4 * G:]
+    parts = [main.reshape(O // nb, -1)] + ([tail.reshape(O // nb, -1)] if K % 4 else [])
+    packed = np.concatenate(parts, axis=1).astype("<i2")
+    return packed.view(np.int8).reshape(O, packed_cols(K))
+
+
+def dotw_intrin(K, zx, nb):
+    """Register (once) acc[j] += sum_k (int32(a[k]) - zx) * W[j, k], j < nb, where W is a block of
+    ``nb`` rows of a packed weight array (``pack_w16``). The description reads W[j, k] (k < K) of
+    the packed rows: it is only the pattern the reduction is matched against; the implementation,
+    ``kiln_dot{nb}_w16``, is what defines the packed layout and computes the true dot products."""
+    name = f"kiln_dotw_s8_{K}_{zx}_{nb}".replace("-", "m")
+    if name in _REGISTERED:
+        return name
+    fn = f"kiln_dot{nb}_w16"
+
+    if nb == 1:
+        @T.prim_func(s_tir=True)
+        def desc(a: T.handle, b: T.handle, cc: T.handle):
+            A = T.match_buffer(a, (K,), "int8", offset_factor=1)
+            B = T.match_buffer(b, (K,), "int8", offset_factor=1)
+            C = T.match_buffer(cc, (1,), "int32", offset_factor=1)
+            with T.sblock("root"):
+                T.reads(C[0], A[0:K], B[0:K])
+                T.writes(C[0])
+                for r in range(K):
+                    with T.sblock("update"):
+                        vr = T.axis.remap("R", [r])
+                        C[0] = C[0] + (T.Cast("int32", A[vr]) - zx) * T.Cast("int32", B[vr])
+
+        @T.prim_func(s_tir=True)
+        def impl(a: T.handle, b: T.handle, cc: T.handle):
+            A = T.match_buffer(a, (K,), "int8", offset_factor=1)
+            B = T.match_buffer(b, (K,), "int8", offset_factor=1)
+            C = T.match_buffer(cc, (1,), "int32", offset_factor=1)
+            with T.sblock("root"):
+                T.reads(C[0], A[0:K], B[0:K])
+                T.writes(C[0])
+                T.evaluate(T.call_extern("void", fn, A.access_ptr("r"), B.access_ptr("r"), K, -zx,
+                                         C.access_ptr("rw")))
+    else:
+        @T.prim_func(s_tir=True)
+        def desc(a: T.handle, b: T.handle, cc: T.handle):
+            s0 = T.int32()
+            A = T.match_buffer(a, (K,), "int8", offset_factor=1)
+            B = T.match_buffer(b, (nb, K), "int8", strides=[s0, 1], offset_factor=1)
+            C = T.match_buffer(cc, (nb,), "int32", offset_factor=1)
+            with T.sblock("root"):
+                T.reads(C[0:nb], A[0:K], B[0:nb, 0:K])
+                T.writes(C[0:nb])
+                for j, r in T.grid(nb, K):
+                    with T.sblock("update"):
+                        vj, vr = T.axis.remap("SR", [j, r])
+                        C[vj] = C[vj] + (T.Cast("int32", A[vr]) - zx) * T.Cast("int32", B[vj, vr])
+
+        @T.prim_func(s_tir=True)
+        def impl(a: T.handle, b: T.handle, cc: T.handle):
+            s0 = T.int32()
+            A = T.match_buffer(a, (K,), "int8", offset_factor=1)
+            B = T.match_buffer(b, (nb, K), "int8", strides=[s0, 1], offset_factor=1)
+            C = T.match_buffer(cc, (nb,), "int32", offset_factor=1)
+            with T.sblock("root"):
+                T.reads(C[0:nb], A[0:K], B[0:nb, 0:K])
+                T.writes(C[0:nb])
+                T.evaluate(T.call_extern("void", fn, A.access_ptr("r"), B.access_ptr("r"), K, -zx,
+                                         C.access_ptr("rw")))
+
+    try:
+        s_tir.TensorIntrin.register(name, desc, impl)
+    except Exception:  # noqa: BLE001
+        pass
+    _REGISTERED.add(name)
+    return name
+
+
+def fold_zero_point(k, node, w2, zx):
+    """sum_r (x - zx) * w = sum_r x * w - zx * sum_r w: the input zero point folded into a new
+    bias constant at compile time (exact in int32, as TFLite accumulates; pad taps hold zx, so
+    they contribute zx * w to the first sum and cancel). Returns (bias tensor, zx left for the
+    kernel): (None, zx) when the bias is not a compile-time constant."""
+    if zx == 0:
+        return None, 0
+    bias = None
+    if len(node.inputs) >= 3:
+        bias = k.value(node.inputs[2])
+        if bias is None:
+            return None, zx
+    b = np.zeros(w2.shape[0], np.int64) if bias is None else np.asarray(bias, np.int64).reshape(-1)
+    folded = b - int(zx) * w2.astype(np.int64).sum(axis=1)
+    if np.abs(folded).max(initial=0) >= 2 ** 31:
+        return None, zx
+    return k.const("bias_zp", folded.astype(np.int32)), 0
+
+
 def conv_patch_compute(k, node, xp, G, zx):
     """int32 accumulator of an int8 groups-1 conv as a single reduction of length KH*KW*C_in
-    over a per-pixel patch (or the pixel itself for 1x1 stride-1 convs). Returns (acc, patch)."""
+    over a per-pixel patch (or the pixel itself for 1x1 stride-1 convs). Returns (acc, patch,
+    folded bias or None, zero point the kernel still subtracts)."""
     warr = k.value(node.inputs[1])
     O, KH, KW, I = G["O"], G["KH"], G["KW"], G["I"]
     Kr = KH * KW * I
-    w2 = k.const("w", np.asarray(warr).reshape(O, Kr))
+    wr = np.asarray(warr).reshape(O, Kr)
+    bias, zx_k = fold_zero_point(k, node, wr, zx)
+    w2 = k.const("w_packed", pack_w16(wr, channel_block(O)))
     sh, sw, dh, dw = G["sh"], G["sw"], G["dh"], G["dw"]
     direct = KH == 1 and KW == 1 and sh == 1 and sw == 1 and not (G["pt"] or G["pb"] or G["pl"] or G["pr"])
     r = te.reduce_axis((0, Kr), "r")
@@ -78,9 +200,9 @@ def conv_patch_compute(k, node, xp, G, zx):
                                                     tirx.floormod(rr, I)], name="patch")
         src = lambda n, oh, ow, rr: patch[n, oh, ow, rr]  # noqa: E731
     acc = te.compute((G["N"], G["oh"], G["ow"], O),
-                     lambda n, oh, ow, o: te.sum((src(n, oh, ow, r).astype("int32") - c(zx)) * w2[o, r].astype("int32"),
+                     lambda n, oh, ow, o: te.sum((src(n, oh, ow, r).astype("int32") - c(zx_k)) * w2[o, r].astype("int32"),
                                                  axis=[r]), name="acc")
-    return acc, patch
+    return acc, patch, bias, zx_k
 
 
 def _inline_rest(sch, keep):
@@ -94,41 +216,72 @@ def _inline_rest(sch, keep):
             pass
 
 
+def _block_channels(sch, out_block, nb):
+    """Split the output block's channel loop by nb, compute the accumulator (nb int32s) under
+    the outer part and tensorize its (channel, reduction) loops; returns the outer loops."""
+    loops = sch.get_loops(sch.get_sblock(out_block))
+    if nb > 1:
+        oo, _ = sch.split(loops[-1], factors=[None, nb])
+    else:
+        oo = loops[-1]
+    sch.compute_at(sch.get_sblock("acc"), oo, preserve_unit_loops=False)
+    return loops[:-1]
+
+
+def _tensorize_acc(sch, intrin, nb):
+    own = sch.get_loops(sch.get_sblock("acc"))
+    at = -2 if nb > 1 else -1
+    sch.decompose_reduction(sch.get_sblock("acc"), own[at])
+    sch.tensorize(sch.get_loops(sch.get_sblock("acc_update"))[at], intrin)
+
+
 def dsp_conv_schedule(G, zx, has_patch):
     KH, KW, I = G["KH"], G["KW"], G["I"]
     Kr = KH * KW * I
-    intrin = dot_intrin(Kr, zx)
+    nb = channel_block(G["O"])
+    intrin = dotw_intrin(Kr, zx, nb)
 
     def sched(sch, out_block):
         _inline_rest(sch, {out_block, "acc", "patch"})
-        n, oh, ow, o = sch.get_loops(sch.get_sblock(out_block))
-        sch.compute_at(sch.get_sblock("acc"), o, preserve_unit_loops=False)
+        n, oh, ow = _block_channels(sch, out_block, nb)
         if has_patch:
             sch.compute_at(sch.get_sblock("patch"), ow, preserve_unit_loops=False)
             pl = sch.get_loops(sch.get_sblock("patch"))[-1]
             sch.split(pl, factors=[KH, KW, I])
-        own = sch.get_loops(sch.get_sblock("acc"))
-        sch.decompose_reduction(sch.get_sblock("acc"), own[-1])
-        sch.tensorize(sch.get_loops(sch.get_sblock("acc_update"))[-1], intrin)
+        _tensorize_acc(sch, intrin, nb)
     return sched
 
 
 def dense_dot_compute(k, node, x, lead, N, K, zx):
-    warr = k.value(node.inputs[1])
-    w2 = k.const("w", np.asarray(warr).reshape(N, K))
+    """Returns (acc, folded bias or None, zero point the kernel still subtracts)."""
+    wr = np.asarray(k.value(node.inputs[1])).reshape(N, K)
+    bias, zx_k = fold_zero_point(k, node, wr, zx)
+    w2 = k.const("w_packed", pack_w16(wr, channel_block(N)))
     r = te.reduce_axis((0, K), "r")
     return te.compute(tuple(lead) + (N,), lambda *i: te.sum(
-        (x[i[:-1] + (r,)].astype("int32") - c(zx)) * w2[i[-1], r].astype("int32"), axis=[r]), name="acc")
+        (x[i[:-1] + (r,)].astype("int32") - c(zx_k)) * w2[i[-1], r].astype("int32"), axis=[r]), name="acc"), bias, zx_k
 
 
-def dsp_dense_schedule(K, zx):
-    intrin = dot_intrin(K, zx)
+def dsp_dense_schedule(K, zx, N):
+    nb = channel_block(N)
+    intrin = dotw_intrin(K, zx, nb)
 
     def sched(sch, out_block):
         _inline_rest(sch, {out_block, "acc"})
-        loops = sch.get_loops(sch.get_sblock(out_block))
-        sch.compute_at(sch.get_sblock("acc"), loops[-1], preserve_unit_loops=False)
-        own = sch.get_loops(sch.get_sblock("acc"))
-        sch.decompose_reduction(sch.get_sblock("acc"), own[-1])
-        sch.tensorize(sch.get_loops(sch.get_sblock("acc_update"))[-1], intrin)
+        _block_channels(sch, out_block, nb)
+        _tensorize_acc(sch, intrin, nb)
     return sched
+
+
+def depthwise_schedule(sch, out_block):
+    """int8/float depthwise conv, plain C on every core: the accumulators of one output pixel
+    (C_out int32s, a local array) are computed tap by tap with the channel loop innermost, so
+    the padding test of a tap is loop-invariant in the channel loop and each input pixel and
+    weight tap are read sequentially; injective stages (pad, bias, requantisation) inlined."""
+    _inline_rest(sch, {out_block, "acc"})
+    loops = sch.get_loops(sch.get_sblock(out_block))
+    acc = sch.get_sblock("acc")
+    sch.compute_at(acc, loops[-2], preserve_unit_loops=False)
+    c, kh, kw = sch.get_loops(acc)[-3:]
+    sch.reorder(kh, kw, c)
+    sch.decompose_reduction(acc, kh)
