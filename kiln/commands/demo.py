@@ -21,6 +21,9 @@ def add_arguments(p):
     p.add_argument("--limit", type=int, default=None, help="run only the first N test images on the board")
     p.add_argument("--port", default=None, help="run on a real board at this serial port instead of QEMU")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--markdown", default=None,
+                   help="also write the summary as the '## Demo (kiln demo)' section of this Markdown file "
+                        "(e.g. docs/benchmarks.md)")
 
 
 class _Stage:
@@ -64,7 +67,7 @@ def run(args):
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     stage = _Stage(args.quiet or args.json)
-    rep = {"board": args.board, "out": out}
+    rep = {"board": args.board, "out": out, "seed": args.seed}
 
     with stage("train the digits CNN on the host"):
         r = train_digits(seed=args.seed, out=os.path.join(out, "train"), quiet=args.quiet or args.json)
@@ -125,7 +128,30 @@ def run(args):
     from kiln.report import write_demo_report
     rep["report"] = write_demo_report(rep, out, os.path.join(pkg.path, "memory.png"))
     rep["text"] = _table(rep)
+    if args.markdown:
+        from kiln.docs_util import write_section
+        write_section(args.markdown, _markdown_section(rep))
     return rep
+
+
+def _markdown_section(rep):
+    lat, mem = rep["latency"], rep["memory"]
+    pct = lambda v: f"{100 * v:.2f}%"
+    return "\n".join([
+        "## Demo (kiln demo)", "",
+        f"Produced by `kiln demo --markdown docs/benchmarks.md` (seed {rep.get('seed', 0)}): the digits CNN trained on "
+        "the host, PTQ int8, compiled for Cortex-M4, all 360 test images run on the emulated "
+        f"{rep['board']} under QEMU.", "",
+        "| | value |", "|---|---|",
+        f"| float accuracy | {pct(rep['float_accuracy'])} |",
+        f"| int8 accuracy: reference / generated C on host / {rep['board']} | {pct(rep['int8_reference_accuracy'])} / "
+        f"{pct(rep['int8_host_c_accuracy'])} / {pct(rep['int8_board_accuracy'])} |",
+        f"| board outputs bit-exact with the int8 reference | {'all ' + str(rep['board_images']) if rep['board_bit_exact'] else 'NO'} |",
+        f"| instructions / inference ({lat['instruction_source']}) | {lat['instructions_per_inference']:,} |",
+        f"| MACs / instruction | {lat['macs_per_instruction']} ({lat['macs']:,} MACs) |",
+        f"| arena / stack high-water | {mem['arena_bytes']:,} B / {mem['stack_used_bytes']:,} B |",
+        f"| flash / RAM (whole image) | {mem['flash_bytes']:,} B / {mem['ram_bytes']:,} B |",
+        f"| wall time (all stages) | {rep['total_seconds']} s |", ""])
 
 
 def _table(rep):
