@@ -75,3 +75,15 @@ def test_build_too_large_for_board_names_overflow(shared_models, tmp_path):
         hil.build_for_board(os.path.join(shared_models, "pretrainedResnet_quant.tflite"), board, str(tmp_path / "t"))
     msg = str(e.value)
     assert "tiny-pico" in msg and re.search(r"overflowed by \d+ bytes", msg), msg
+
+
+@pytest.mark.qemu
+def test_demo_end_to_end_json(capsys, tmp_path):
+    rc, rep = _json(capsys, ["demo", "--out", str(tmp_path), "--limit", "16", "--quiet", "--json"])
+    assert rc == 0 and rep["ok"]
+    assert rep["float_accuracy"] >= 0.9 and rep["host_c_bit_exact"] and rep["board_bit_exact"]
+    assert rep["board_images"] == 16
+    assert rep["latency"]["instructions_per_inference"] > 0 and rep["latency"]["per_layer"]
+    assert rep["memory"]["arena_bytes"] > 0 and rep["memory"]["flash_bytes"] > 0
+    for f in ("report.md", "report.json", "latency.png", "memory.png"):
+        assert (tmp_path / f).exists(), f
