@@ -63,7 +63,7 @@ class TrainConfig:
     max_steps: int | None = None
     eval_batch_size: int = 512
     threads: int | None = None       # BLAS threads during the run (None: leave NumPy's default)
-    backend: str = "numpy"           # numpy (reference executor) | tvm (step graph compiled with TVM llvm)
+    backend: str = "numpy"           # numpy (reference executor) | tvm (TVM llvm, host) | cuda (TVM CUDA package)
 
 
 # options that may differ between a run and its resumption

@@ -101,6 +101,10 @@ class StepGraph:
         if self.backend == "tvm" and not check:   # check mode (NaN diagnosis) always uses the reference
             self._compiled = self._compiled or _compile_host(self.graph, with_updates=True)
             outs, upd = self._compiled.run_updates(feeds=feeds, params=ps)
+        elif self.backend == "cuda" and not check:
+            self._compiled = self._compiled or _compile_cuda(self.graph)
+            self._compiled.set_params({k: v for k, v in ps.items() if k in self._compiled.weight_names})
+            outs, upd = self._compiled.run_updates(*[feeds[i] for i in self.graph.inputs])
         else:
             outs, upd = executor.run_updates(self.graph, feeds=feeds, params=ps, check=check)
         loss, pred = outs[0], outs[1]
@@ -133,7 +137,7 @@ class EvalGraph:
         feeds = {"x": x}
         if self.target_input is not None:
             feeds[self.target_input] = y
-        if self.backend == "tvm":
+        if self.backend in ("tvm", "cuda"):   # evaluation on the host either way
             self._compiled = self._compiled or _compile_host(self.graph)
             loss, pred = self._compiled(feeds=feeds, params={**params, **buffers})
         else:
@@ -141,15 +145,30 @@ class EvalGraph:
         return float(loss), pred
 
 
-BACKENDS = ("numpy", "tvm")
+BACKENDS = ("numpy", "tvm", "cuda")
 
 
 def _check_backend(name):
     if name not in BACKENDS:
         from kiln.frontend.errors import KilnError
-        raise KilnError(f"unknown training backend {name!r}: use 'numpy' (the reference executor) or 'tvm' "
-                        f"(the step graph compiled for the host CPU with TVM's llvm target)")
+        raise KilnError(f"unknown training backend {name!r}: use 'numpy' (the reference executor), 'tvm' "
+                        f"(the step graph compiled for the host CPU with TVM's llvm target) or 'cuda'")
+    if name == "cuda":
+        from kiln.backends.cuda_runner import probe
+        probe()     # no CuPy / no GPU / too old a GPU: a CudaUnavailable error naming what was found
     return name
+
+
+def _compile_cuda(graph):
+    """The training step as a CUDA package (forward + loss + backward + BatchNorm updates), run by
+    the CuPy runner; the optimiser update stays on the host."""
+    import tempfile
+    from kiln.backends import cuda
+    from kiln.backends.cuda_runner import CudaRunner
+    pkg = cuda.compile_train_step(graph, tempfile.mkdtemp(prefix="kiln_cuda_step_"))
+    runner = CudaRunner(pkg)
+    runner.weight_names = {w["name"] for w in runner.m["weights"]}
+    return runner
 
 
 def _compile_host(graph, with_updates=False):

@@ -32,7 +32,7 @@ OPTIONS = [  # (flag, TrainConfig field, type, help)
     ("--checkpoint-every", "checkpoint_every", int, "also checkpoint every N optimiser steps"),
     ("--max-steps", "max_steps", int, "stop after N optimiser steps"),
     ("--threads", "threads", int, "BLAS threads (default: NumPy's)"),
-    ("--backend", "backend", str, "numpy (reference executor, default) | tvm (step compiled with TVM for the host CPU)"),
+    ("--backend", "backend", str, "numpy (reference executor, default) | tvm (step compiled with TVM for the host CPU) | cuda"),
 ]
 
 
@@ -47,6 +47,8 @@ def add_arguments(p):
     p.add_argument("--out", default=None, help="output folder: checkpoint, metrics log, trained graph")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--device", default=None, choices=["cpu", "cuda"],
+                   help="cuda: run the training step as a TVM-generated CUDA package on the GPU (same as --backend cuda)")
 
 
 def _dataset(spec, entry, sample_shape):
@@ -94,6 +96,8 @@ def train(args):
 
 
 def run(args):
+    if args.device == "cuda":
+        args.backend = "cuda"
     name, spec, r = train(args)
     m = r.metrics
     report = {"model": name, "dataset": spec, "epochs": len(r.history), "steps": r.steps,

@@ -8,7 +8,8 @@ from kiln.training.step import StepGraph
 from kiln.frontend.errors import KilnError
 
 
-def test_tvm_step_matches_numpy_step():
+@pytest.mark.parametrize("backend", ["tvm", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_compiled_step_matches_numpy_step(backend):
     manual_seed(0)
     entry = zoo.get("digits-cnn")
     model = entry.module
@@ -18,7 +19,7 @@ def test_tvm_step_matches_numpy_step():
     params = {n: p.data for n, p in model.named_parameters()}
     buffers = {n: b.data for n, b in model.named_buffers()}
     ref = StepGraph(model, "cross_entropy", (8, 8, 1), 16)
-    tvm = StepGraph(model, "cross_entropy", (8, 8, 1), 16, backend="tvm")
+    tvm = StepGraph(model, "cross_entropy", (8, 8, 1), 16, backend=backend)
     l0, p0, g0, u0 = ref(params, buffers, x, y)
     l1, p1, g1, u1 = tvm(params, buffers, x, y)
     assert abs(l0 - l1) <= 1e-5 * max(1.0, abs(l0))
@@ -33,3 +34,12 @@ def test_unknown_backend_is_named():
     manual_seed(0)
     with pytest.raises(KilnError, match="unknown training backend 'gpu'"):
         StepGraph(zoo.get("digits-cnn").module, "cross_entropy", (8, 8, 1), 4, backend="gpu")
+
+
+def test_cuda_training_without_a_gpu_names_what_was_found():
+    import shutil
+    if shutil.which("nvidia-smi"):
+        pytest.skip("a GPU is present")
+    manual_seed(0)
+    with pytest.raises(KilnError, match="CuPy|CUDA"):
+        StepGraph(zoo.get("digits-cnn").module, "cross_entropy", (8, 8, 1), 4, backend="cuda")
