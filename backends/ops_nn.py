@@ -112,6 +112,10 @@ def lower_conv2d(k, node, xs):
     sh, sw, dh, dw = G["sh"], G["sw"], G["dh"], G["dw"]
     dsp = q and k.target.dsp
     bias = xs[2] if len(xs) == 3 else None
+    if depthwise and dsp and Og == 1 and schedules.ENABLED:
+        y = _depthwise_dsp(k, node, x, G, zx, tx, tw, ty)
+        if y is not None:
+            return y
     if depthwise:
         M = Og  # depth multiplier
         acc = te.compute((G["N"], G["oh"], G["ow"], O),
@@ -137,6 +141,34 @@ def lower_conv2d(k, node, xs):
     return te.compute(acc.shape, lambda n, oh, ow, o: _act_f32(acc[n, oh, ow, o] + (bias[o] if bias is not None else
                                                                                      tirx.const(0.0, F32)),
                                                                a["activation"]), name="conv")
+
+
+def _depthwise_dsp(k, node, x, G, zx, tx, tw, ty):
+    """int8 depthwise (multiplier 1) on DSP cores: ``schedules.dw_dsp_extern`` (None when it
+    does not apply: weights/bias not constant, C % 4, a left shift, or an input that is not a
+    kernel argument)."""
+    if not isinstance(x.op, te.PlaceholderOp):
+        return None
+    w = k.value(node.inputs[1])
+    if w is None:
+        return None
+    O = G["O"]
+    bias = np.zeros(O, np.int64)
+    if len(node.inputs) >= 3:
+        b = k.value(node.inputs[2])
+        if b is None:
+            return None
+        bias = np.asarray(b, np.int64).reshape(-1)
+    mult, shift = qmath.linear_requant(tx, tw, ty, O)
+    wc = np.asarray(w).reshape(O, G["KH"] * G["KW"])
+    zy = _zp(ty)
+    if not schedules.dw_dsp_ok(wc, bias, mult, shift, zx, zy):
+        return None
+    lo, hi = qmath.activation_range(node.attrs["activation"], _scale(ty), zy)
+    w16 = k.const("w_dw", schedules.pack_dw(wc, O))
+    q = k.const("dwq", schedules.dw_requant_table(bias, mult, shift, zy))
+    k.schedule(lambda sch, out_block: None)
+    return schedules.dw_dsp_extern(x, w16, q, G, zx, zy, lo, hi)
 
 
 # ---- dense / matmul -------------------------------------------------------------------------

@@ -285,3 +285,74 @@ def depthwise_schedule(sch, out_block):
     c, kh, kw = sch.get_loops(acc)[-3:]
     sch.reorder(kh, kw, c)
     sch.decompose_reduction(acc, kh)
+
+
+# ---- depthwise conv on DSP cores: TVM loops over output pixels, kiln_dw_s8 per pixel ---------
+def pack_dw(w, C):
+    """(C, KH, KW) int8 depthwise weights -> int8 bytes of the int16 layout ``kiln_dw_s8`` reads
+    (kiln_intrinsics.h): per block of 4 channels, per tap (kh, kw) row-major, the int16 values
+    {2w[c0], 2w[c2], 2w[c1], 2w[c3]} (doubled: the requantisation is one SMMULR); shape
+    (C // 4, KH * KW * 8)."""
+    w = 2 * np.asarray(w, np.int16).reshape(C, -1)        # (C, T), doubled (see kiln_dw_requant)
+    T_ = w.shape[1]
+    blk = w.reshape(C // 4, 4, T_)[:, [0, 2, 1, 3], :].transpose(0, 2, 1)   # (C/4, T, 4)
+    return np.ascontiguousarray(blk).astype("<i2").view(np.int8).reshape(C // 4, T_ * 8)
+
+
+def dw_requant_table(bias, mult, shift, zy):
+    """Per block of 4 channels {2 * bias x4, multiplier x4, half + (zy << shift) x4, right shift x4}."""
+    C = len(mult)
+    e = (-np.asarray(shift, np.int64))
+    halfz = np.left_shift(np.int64(1), e - 1) + np.int64(zy) * np.left_shift(np.int64(1), e)
+    tab = np.stack([2 * np.asarray(bias, np.int64), np.asarray(mult, np.int64), halfz, e], axis=0)  # (4, C)
+    return tab.reshape(4, C // 4, 4).transpose(1, 0, 2).reshape(-1).astype(np.int32)
+
+
+def dw_dsp_ok(w, bias, mult, shift, zx, zy):
+    """The per-pixel DSP depthwise path applies (4-channel blocks, right shifts >= 1) and its
+    requantisation shortcuts are exact: 2 * acc fits int32 and v + half + (zy << shift) - (v < 0)
+    cannot overflow."""
+    C = len(mult)
+    if C % 4 or (np.asarray(shift) > -1).any():
+        return False
+    xmax = max(abs(-128 - zx), abs(127 - zx))
+    bound = np.abs(np.asarray(w, np.int64)).reshape(C, -1).sum(axis=1) * xmax + np.abs(np.asarray(bias, np.int64))
+    v = (bound * np.asarray(mult, np.int64) >> 31) + 2
+    e = -np.asarray(shift, np.int64)
+    halfz = np.left_shift(np.int64(1), e - 1) + abs(int(zy)) * np.left_shift(np.int64(1), e)
+    return bool((2 * bound < 2 ** 31).all() and (v + halfz < 2 ** 31).all())
+
+
+def dw_dsp_extern(x, w16, q, G, zx, zy, lo, hi):
+    """The depthwise layer as a TVM loop nest over output pixels, each pixel one call of
+    ``kiln_dw_s8`` with its in-bounds tap range (padding is handled per pixel, outside the
+    channel and tap loops), input/weight pointers at the first in-bounds tap."""
+    N, H, W, C = G["N"], G["H"], G["W"], G["C"]
+    oh, ow, KH, KW = G["oh"], G["ow"], G["KH"], G["KW"]
+    sh, sw, dh, dw, pt, pl = G["sh"], G["sw"], G["dh"], G["dw"], G["pt"], G["pl"]
+
+    def fcompute(ins, outs):
+        xb, wb, qb = ins
+        yb = outs[0]
+        n, i, j = (tirx.Var(v, "int32") for v in ("n", "i", "j"))
+        ih0 = i * c(sh) - c(pt)
+        iw0 = j * c(sw) - c(pl)
+        kh0 = tirx.max(c(0), tirx.floordiv(c(0) - ih0 + c(dh - 1), c(dh)))
+        kw0 = tirx.max(c(0), tirx.floordiv(c(0) - iw0 + c(dw - 1), c(dw)))
+        kh1 = tirx.min(c(KH), tirx.floordiv(c(H) - ih0 + c(dh - 1), c(dh)))
+        kw1 = tirx.min(c(KW), tirx.floordiv(c(W) - iw0 + c(dw - 1), c(dw)))
+        xoff = ((n * c(H) + ih0 + kh0 * c(dh)) * c(W) + iw0 + kw0 * c(dw)) * c(C)
+        woff = (kh0 * c(KW) + kw0) * c(8)
+        yoff = ((n * c(oh) + i) * c(ow) + j) * c(C)
+        call = tirx.call_extern("void", "kiln_dw_s8", xb.access_ptr("r", offset=xoff), c(dw * C), c(dh * W * C),
+                                kh1 - kh0, kw1 - kw0, wb.access_ptr("r", offset=woff), c(KW * 8), c(KH * KW * 8),
+                                c(C), c(-zx), qb.access_ptr("r"), c(zy), c(lo), c(hi),
+                                yb.access_ptr("w", offset=yoff))
+        body = tirx.Evaluate(call)
+        for v, ext in reversed([(n, N), (i, oh), (j, ow)]):
+            body = tirx.For(v, c(0), c(ext), tirx.ForKind.SERIAL, body)
+        return body
+    bufs = [tirx.decl_buffer(t.shape, t.dtype, name=t.op.name, elem_offset=0) for t in (x, w16, q)]
+    yb = tirx.decl_buffer((N, oh, ow, C), "int8", name="dwconv", elem_offset=0)
+    return te.extern((N, oh, ow, C), [x, w16, q], fcompute, name="dwconv", dtype="int8",
+                     in_buffers=bufs, out_buffers=[yb])

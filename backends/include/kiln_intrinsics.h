@@ -201,4 +201,138 @@ static inline void kiln_dot1_w16(const int8_t *a, const int8_t *w, int32_t n, in
     if (a_offset == 0) kiln_dot1_w16_z(a, w, n, 0, acc); else kiln_dot1_w16_o(a, w, n, a_offset, acc);
 }
 
+/* ---- depthwise conv (depth multiplier 1), one output pixel: schedules.pack_dw / ops_nn --------
+ * Weights packed at compile time as int16, per block of 4 channels, per tap (kh, kw) row-major:
+ * {w[c0], w[c2], w[c1], w[c3]}: one LDRD gives the lanes SXTAB16 produces from one input word
+ * (channels c0, c2) and its ROR #8 (c1, c3), so a tap of 4 channels is one input load, one
+ * LDRD, two SXTAB16 and four SMLABB/SMLATT (the input offset rides in SXTAB16).
+ * x: the pixel's first in-bounds tap (channel 0); nh x nw in-bounds taps, row_step / col_step
+ * bytes apart in the input; w: the packed weights at that tap of channel block 0, w_row bytes per
+ * kernel row, w_block bytes per channel block. q: per block of 4 channels
+ * {2 * bias x4, multiplier x4, half + (zy << shift) x4, right shift x4}; weights are stored
+ * doubled too, so the accumulator is 2 * acc. Requantisation: gemmlowp's
+ * SaturatingRoundingDoublingHighMul is exactly (acc * m + 2^30) >> 31 (m > 0, so no saturation,
+ * and floor((p + 2^30) / 2^31) equals its truncating form with the -2^30+1 nudge), which is
+ * SMMULR(2 * acc, m) = (2 * acc * m + 2^31) >> 32; TFLite's RoundingDivideByPOT for shift >= 1,
+ * plus the output zero point, is exactly (v + half + (zy << shift) - (v < 0)) >> shift when that
+ * sum cannot overflow (schedules.dw_dsp_ok checks the accumulator bound at compile time). The
+ * activation clamp [lo, hi] lies inside [-128, 127], so SSAT #8 then the clamp is exact. */
+#if KILN_HAVE_DSP
+/* SMMULR and PKHBT (not in gcc 12's arm_acle.h) */
+static inline int32_t kiln_smmulr(int32_t a, int32_t b)
+{
+    int32_t r;
+    __asm__("smmulr %0, %1, %2" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+static inline uint32_t kiln_pkhbt16(uint32_t lo, uint32_t hi)
+{
+    uint32_t r;
+    __asm__("pkhbt %0, %1, %2, lsl #16" : "=r"(r) : "r"(lo), "r"(hi));
+    return r;
+}
+#endif
+
+static inline int32_t kiln_clamp_i32(int32_t v, int32_t lo, int32_t hi)
+{
+    return v < lo ? lo : (v > hi ? hi : v);
+}
+
+/* acc2 = 2 * acc (weights and bias are stored doubled): (acc2 * m + 2^31) >> 32 is SMMULR. */
+static inline int32_t kiln_dw_requant(int32_t acc2, int32_t mult, int32_t halfz, int32_t shift)
+{
+#if KILN_HAVE_DSP
+    const int32_t v = kiln_smmulr(acc2, mult);
+#else
+    const int32_t v = (int32_t)(((int64_t)acc2 * mult + (1LL << 31)) >> 32);
+#endif
+    return (v + halfz + (v >> 31)) >> shift;
+}
+
+#if KILN_HAVE_DSP
+#define KILN_DW_TAP(XP, WP, WO)                                                     \
+    do {                                                                          \
+        const uint32_t xv_ = kiln_read_s8x4(XP);                                  \
+        const uint32_t x02_ = __sxtab16(off2, xv_);                               \
+        const uint32_t x13_ = kiln_sxtab16_ror8(off2, xv_);                       \
+        uint32_t w02_, w13_;                                                      \
+        KILN_LDRD(w02_, w13_, (WP), (WO));                                       \
+        s0 = __smlabb((int32_t)x02_, (int32_t)w02_, s0);                          \
+        s2 = __smlatt((int32_t)x02_, (int32_t)w02_, s2);                          \
+        s1 = __smlabb((int32_t)x13_, (int32_t)w13_, s1);                          \
+        s3 = __smlatt((int32_t)x13_, (int32_t)w13_, s3);                          \
+        __asm__ volatile("" ::: "memory"); /* keeps gcc from hoisting all 9 loads (spills) */ \
+    } while (0)
+#else
+#define KILN_DW_TAP(XP, WP, WO)                                                     \
+    do {                                                                          \
+        const int8_t *xp_ = (XP);                                                 \
+        const int8_t *wp_ = (WP) + (WO);                                            \
+        s0 += ((int32_t)xp_[0] + a_offset) * kiln_w16_at(wp_, 0);                 \
+        s2 += ((int32_t)xp_[2] + a_offset) * kiln_w16_at(wp_, 1);                 \
+        s1 += ((int32_t)xp_[1] + a_offset) * kiln_w16_at(wp_, 2);                 \
+        s3 += ((int32_t)xp_[3] + a_offset) * kiln_w16_at(wp_, 3);                 \
+    } while (0)
+#endif
+
+static __attribute__((noinline, unused)) void kiln_dw_s8(const int8_t *x, int32_t col_step, int32_t row_step,
+                                                         int32_t nh, int32_t nw, const int8_t *wp, int32_t w_row,
+                                                         int32_t w_block, int32_t C, int32_t a_offset,
+                                                         const int32_t *q, int32_t zy, int32_t lo, int32_t hi,
+                                                         int8_t *y)
+{
+#if KILN_HAVE_DSP
+    const uint32_t off2 = ((uint32_t)a_offset & 0xFFFFu) | ((uint32_t)a_offset << 16);
+    const uint32_t lo4 = ((uint32_t)lo & 0xFFu) * 0x01010101u, hi4 = ((uint32_t)hi & 0xFFu) * 0x01010101u;
+#endif
+    (void)zy;
+    const int full3 = nh == 3 && nw == 3 && w_row == 24;
+    for (int32_t cb = 0; cb < C; cb += 4, x += 4, wp += w_block, q += 16, y += 4) {
+        const int8_t *w = (const int8_t *)__builtin_assume_aligned(wp, 8);
+        int32_t s0 = q[0], s1 = q[1], s2 = q[2], s3 = q[3];
+        if (full3) {
+            const int8_t *r0 = x, *r1 = x + row_step, *r2 = r1 + row_step;
+            const int32_t c2 = 2 * col_step;
+            KILN_DW_TAP(r0, w, 0);
+            KILN_DW_TAP(r0 + col_step, w, 8);
+            KILN_DW_TAP(r0 + c2, w, 16);
+            KILN_DW_TAP(r1, w, 24);
+            KILN_DW_TAP(r1 + col_step, w, 32);
+            KILN_DW_TAP(r1 + c2, w, 40);
+            KILN_DW_TAP(r2, w, 48);
+            KILN_DW_TAP(r2 + col_step, w, 56);
+            KILN_DW_TAP(r2 + c2, w, 64);
+        } else {
+            const int8_t *xr = x, *wr = w;
+            for (int32_t i = 0; i < nh; ++i, xr += row_step, wr += w_row) {
+                const int8_t *xc = xr, *wc = wr;
+                for (int32_t j = 0; j < nw; ++j, xc += col_step, wc += 8) {
+                    KILN_DW_TAP(xc, wc, 0);
+                }
+            }
+        }
+        const int32_t y0 = kiln_dw_requant(s0, q[4], q[8], q[12]);
+        const int32_t y1 = kiln_dw_requant(s1, q[5], q[9], q[13]);
+        const int32_t y2 = kiln_dw_requant(s2, q[6], q[10], q[14]);
+        const int32_t y3 = kiln_dw_requant(s3, q[7], q[11], q[15]);
+#if KILN_HAVE_DSP
+        /* saturate to int8, pack the four bytes, then the activation clamp per byte (SSUB8 + SEL) */
+        const uint32_t t02 = __uxtb16(kiln_pkhbt16((uint32_t)__ssat(y0, 8), (uint32_t)__ssat(y2, 8)));
+        const uint32_t t13 = __uxtb16(kiln_pkhbt16((uint32_t)__ssat(y1, 8), (uint32_t)__ssat(y3, 8)));
+        uint32_t packed = t02 | (t13 << 8);
+        (void)__ssub8(packed, lo4);
+        packed = __sel(packed, lo4);
+        (void)__ssub8(hi4, packed);
+        packed = __sel(packed, hi4);
+#else
+        const uint32_t packed = ((uint32_t)kiln_clamp_i32(y0, lo, hi) & 0xFFu) |
+                                (((uint32_t)kiln_clamp_i32(y1, lo, hi) & 0xFFu) << 8) |
+                                (((uint32_t)kiln_clamp_i32(y2, lo, hi) & 0xFFu) << 16) |
+                                ((uint32_t)kiln_clamp_i32(y3, lo, hi) << 24);
+#endif
+        __builtin_memcpy(y, &packed, sizeof packed);
+    }
+}
+
 #endif /* KILN_INTRINSICS_H */

@@ -52,6 +52,10 @@ def _int8_graph():
     conv("c_odd", "x", 5, 2, 3, 8, "none", padding="valid", dilation=[1, 2])
     conv("c_dw", c1, 16, 3, 3, 1, "relu", groups=16, padding="same")
     conv("c_dw_mult", "x", 16, 3, 3, 1, "none", groups=8, padding="same", stride=[2, 2])
+    # depth multiplier 1 on DSP targets: kiln_dw_s8 (border pixels, strides, dilation, other sizes)
+    conv("c_dw_s2", "x", 8, 3, 3, 1, "relu6", groups=8, padding="same", stride=[2, 2])
+    conv("c_dw_5x5", "x", 8, 5, 5, 1, "none", groups=8, padding="same", dilation=[2, 2])
+    conv("c_dw_valid", c1, 16, 3, 2, 1, "relu", groups=16, padding="valid", stride=[1, 2])
     g.add_node("pad", ["x"], {"pads": [0, 0, 1, 2, 2, 1, 0, 0]}, name="padded", out_type=TensorType((1, 10, 9, 8), "int8", q(0.05, 3)))
     conv("c_after_pad", "padded", 6, 3, 3, 8, "none")
     g.add_node("avg_pool2d", [c1], {"pool": [3, 3], "stride": [2, 2], "padding": "same"}, name="avg",
