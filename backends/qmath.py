@@ -34,9 +34,12 @@ def _bind(name, e, fn, dtype=I32):
 def srdhm(a, b):
     """SaturatingRoundingDoublingHighMul(a, b) for int32 a, b (b is never INT32_MIN here:
     multipliers lie in [2^30, 2^31))."""
+    # gemmlowp: trunc((ab + (ab >= 0 ? 2^30 : 1 - 2^30)) / 2^31). For integer y = ab + 2^30 and
+    # N = 2^31 the negative branch is ceil((y + 1 - N) / N) = ceil((y + 1) / N) - 1 = floor(y / N),
+    # the same as the positive one: one rounding add and an arithmetic shift (SMULL, ADDS/ADC,
+    # LSR/ORR on Cortex-M) instead of a select and a signed 64-bit division.
     def body(ab):
-        nudge = tirx.Select(ab >= c(0, I64), c(1 << 30, I64), c(1 - (1 << 30), I64))
-        return tirx.truncdiv(ab + nudge, c(1 << 31, I64)).astype(I32)
+        return ((ab + c(1 << 30, I64)) >> c(31, I64)).astype(I32)
     # a is Let-bound as an int32 first: otherwise the simplifier distributes the int64 cast over
     # a sum (acc + bias) and gcc emits a 64x64 multiply instead of one SMULL
     return _bind("sa", a, lambda av: _bind("ab", av.astype(I64) * b.astype(I64), body, I64))
