@@ -6,7 +6,9 @@ Pipeline (each step a named pass, see ``PIPELINE``):
   legalize+fuse   Relax LegalizeOps, AnnotateTIROpPattern, FuseOps, FuseTIR (epilogues fuse)
   schedule_cpu    a generic CPU schedule on every fused PrimFunc: inline producers/epilogues,
                   parallelise the outer spatial loops, vectorise the innermost loop when it is
-                  contiguous and evenly divisible
+                  contiguous and evenly divisible; reductions (conv, depthwise, conv gradients,
+                  dense, matmul) get a register-tiled nest: packed weights, an unrolled block of
+                  positions x a vector of output channels accumulated in registers
   lower+build     the Relax CPU lowering (static memory planning of intermediates) and
                   ``relax.build`` for ``llvm -mcpu=<host>``
 
@@ -32,7 +34,7 @@ from kiln.frontend.types import np_dtype
 
 from . import tvm_te
 
-SCHEDULE_VERSION = 4   # bump when the schedule changes: it is part of the cache key
+SCHEDULE_VERSION = 5   # bump when the schedule changes: it is part of the cache key
 
 
 def host_target(num_threads=None):
@@ -60,7 +62,9 @@ def _iter_kinds(sch, block):
 def _try(f, *a, **k):
     try:
         return f(*a, **k)
-    except Exception:   # a primitive that does not apply to this block: keep the block as it is
+    except Exception as e:   # a primitive that does not apply to this block: keep the block as it is
+        if os.environ.get("KILN_SCHEDULE_DEBUG"):
+            print(f"schedule: {getattr(f, '__name__', f)} skipped: {str(e).splitlines()[-1][:200]}")
         return None
 
 
@@ -98,9 +102,11 @@ def schedule_cpu_func(func, target):
             elif total >= 256:
                 sch.parallel(fused)
             continue
-        # reduction: parallelise the outer spatial loops; move the innermost spatial loop (the
-        # channel, contiguous in NHWC outputs) inside the reduction and vectorise it: an
-        # outer-product micro-kernel with the accumulators in registers
+        # reduction: first the register-tiled nest (_tiled_reduction); where it does not apply,
+        # parallelise the outer spatial loops and move the innermost spatial loop (the channel,
+        # contiguous in NHWC outputs) inside the reduction, vectorised
+        if ns >= 2 and _try(_tiled_reduction, sch, b, loops, kinds, extents, vec) is not None:
+            continue
         if ns >= 2:
             outer = sch.fuse(*loops[:ns - 1]) if ns > 2 else loops[0]
             if int(np.prod(extents[:ns - 1])) >= 2:
@@ -114,6 +120,131 @@ def schedule_cpu_func(func, target):
         elif ns == 1 and extents[0] >= 64:
             sch.parallel(loops[0])
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def _out_dim_vars(sch, block):
+    """For each spatial iterator of the block: the dimension of the output it indexes (or None)."""
+    blk = sch.get(block)
+    if len(blk.writes) != 1:
+        return None
+    region = blk.writes[0].region
+    iv = [v for v in blk.iter_vars if int(v.iter_type) == 0]
+    out = []
+    for v in iv:
+        d = [j for j, r in enumerate(region) if hasattr(r.min, "name") and r.min.same_as(v.var)]
+        out.append(d[0] if d else None)
+    return out
+
+
+def _tiled_reduction(sch, block, loops, kinds, extents, vec):
+    """Register-tiled reduction (conv2d, depthwise, conv2d_grad_input/_weight, dense, matmul):
+    a vector axis ``v`` (output channel: whole vectors of ``vec`` lanes, or its whole extent when
+    4..vec) and a register-block axis ``u`` (up to 8 positions, unrolled) sit inside the
+    reduction; the ``u x v`` accumulators live in a local buffer (registers) that is written back
+    once. Operands whose ``v`` dimension is not the innermost one (OHWI weights of conv2d/
+    depthwise, dense weights) are packed first so the vector loads are contiguous."""
+    ns = sum(1 for k in kinds if k == 0)
+    dims = _out_dim_vars(sch, block)
+    if dims is None or len(dims) != ns:
+        return None
+    ndim = len(sch.get(block).writes[0].region)
+    # vector axis: prefer the spatial iterator of the last output dimension, else the largest
+    # iterator that is a multiple of vec
+    cand = [j for j in range(ns) if dims[j] == ndim - 1]
+    def ok(e):
+        return e % vec == 0 or 4 <= e <= vec
+    vi = cand[0] if cand and ok(extents[cand[0]]) else None
+    if vi is None:
+        mult = [j for j in range(ns) if extents[j] % vec == 0]
+        if not mult:
+            return None
+        vi = max(mult, key=lambda j: extents[j])
+    # register-block axis: the spatial iterator before v (or after it) with the best factor
+    best = None
+    for j in range(ns):
+        if j == vi or extents[j] < 2:
+            continue
+        e = extents[j]
+        f = next((c for c in (8, 6, 4, 5, 7, 3, 2) if e % c == 0), None)
+        if f is None:
+            continue
+        score = (f, j)   # larger factor first, then the inner-most iterator
+        if best is None or score > best[0]:
+            best = (score, j, f)
+    lanes = vec if extents[vi] % vec == 0 else extents[vi]
+    # pack operands whose v-dimension is not innermost (weights, a few KB)
+    ivs = sch.get(block).iter_vars
+    rank = [(ivs[j].var, 0) for j in range(ns) if j not in (vi, best and best[1])]
+    rank += [(ivs[ns + j].var, 1 + j) for j in range(len(kinds) - ns)]
+    rank += ([(ivs[best[1]].var, 98)] if best else []) + [(ivs[vi].var, 99)]
+    _pack_operands(sch, block, rank)
+    loops = sch.get_loops(block)
+    spatial, red = list(loops[:ns]), list(loops[ns:])
+    if extents[vi] > lanes:
+        v_o, v_i = sch.split(spatial[vi], [None, lanes])
+    else:
+        v_o, v_i = None, spatial[vi]
+    if best is not None:
+        _, ui, f = best
+        if f == extents[ui]:
+            u_o, u_i = None, spatial[ui]
+        else:
+            u_o, u_i = sch.split(spatial[ui], [None, f])
+    else:
+        ui, u_o, u_i = None, None, None
+    rest = [spatial[j] for j in range(ns) if j not in (vi, ui)]
+    tile = [lp for lp in (u_o, v_o) if lp is not None]
+    order = rest + tile + red + [lp for lp in (u_i, v_i) if lp is not None]
+    sch.reorder(*order)
+    anchor = (tile or rest or [None])[-1]
+    if rest:
+        outer = sch.fuse(*rest) if len(rest) > 1 else rest[0]
+        if int(np.prod([extents[j] for j in range(ns) if j not in (vi, ui)])) >= 2:
+            sch.parallel(outer)
+        if anchor is None or not tile:
+            anchor = outer
+    if anchor is None:
+        return None
+    sch.vectorize(v_i)
+    if u_i is not None:
+        sch.unroll(u_i)
+    cw = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(cw, anchor)
+    init = sch.decompose_reduction(block, red[0])
+    for blk in (init, cw):
+        _try(sch.vectorize, sch.get_loops(blk)[-1])
+    return True
+
+
+def _pack_operands(sch, block, rank):
+    """cache_read + transform_layout: an operand indexed only by plain iterators (a weight) is
+    copied into the loop order of the tiled nest (``rank``: iterator -> loop depth), so the
+    innermost vector loads are contiguous and successive reduction steps read adjacent memory."""
+    from tvm.tirx import IndexMap
+    blk = sch.get(block)
+    for idx, r in enumerate(list(blk.reads)):
+        reg = r.region
+        if len(reg) < 2:
+            continue
+        key = []
+        for x in reg:
+            hit = [rk for var, rk in rank if hasattr(x.min, "name") and x.min.same_as(var)]
+            if not hit:
+                break
+            key.append(hit[0])
+        if len(key) != len(reg) or key == sorted(key):
+            continue
+        buf = getattr(r, "buffer", None) or r.source
+        if int(np.prod([int(e) for e in buf.shape])) > (1 << 18):
+            continue
+        perm = sorted(range(len(reg)), key=lambda j: key[j])
+        cb = sch.cache_read(block, idx, "global")
+        sch.transform_layout(cb, ("write", 0), IndexMap.from_func(_permuter(perm), ndim=len(reg)))
+        blk = sch.get(block)
+
+
+def _permuter(perm):
+    return lambda *i: [i[j] for j in perm]
 
 
 def _inner_contiguous(sch, block):

@@ -220,3 +220,55 @@ def test_zoo_training_steps_match_numpy(model):
     want = executor.run(sg.graph, feeds=feeds)
     for gv, wv in zip(got, want):
         np.testing.assert_allclose(gv, wv, rtol=1e-4, atol=1e-5)
+
+
+# ---- register-tiled reductions (schedule_cpu: _tiled_reduction) -------------------------------
+def _conv_cases():
+    """Channel counts that take the tiled path (multiples of 16, 4..16) and ones that do not
+    (40), odd spatial extents, stride 2, one input channel, depthwise, pointwise, dense."""
+    rng = np.random.default_rng(5)
+    g = Graph("tiled_convs")
+    feeds = {}
+
+    def inp(shape, scale=1.0):   # weights scaled by 1/sqrt(fan-in): O(1) outputs, so 1e-5 is
+        name = f"in{len(feeds)}"    # a rounding bound and not a summation-order lottery
+        g.add_input(name, TensorType(shape, "float32"))
+        feeds[name] = (rng.standard_normal(shape) * scale).astype(np.float32)
+        return name
+    outs = []
+    for xs, ws, stride, groups in (((3, 11, 7, 1), (32, 5, 3, 1), [2, 2], 1),      # first conv, I=1
+                                   ((2, 9, 5, 32), (32, 3, 3, 1), [1, 1], 32),     # depthwise
+                                   ((2, 9, 5, 64), (48, 1, 1, 64), [1, 1], 1),     # pointwise
+                                   ((2, 8, 8, 16), (32, 3, 3, 16), [2, 2], 1),     # strided 3x3
+                                   ((2, 6, 7, 12), (40, 3, 3, 12), [1, 1], 1)):    # 40 lanes: untiled
+        x, w = inp(xs), inp(ws, 1 / np.sqrt(np.prod(ws[1:])))
+        ca = dict(stride=stride, padding="same", dilation=[1, 1], groups=groups)
+        y = g.add_node("conv2d", [x, w], dict(activation="none", **ca))
+        gy = inp(g.types[y].shape, 1 / np.sqrt(np.prod(g.types[y].shape[:3])))
+        outs += [y, g.add_node("conv2d_grad_input", [gy, w], dict(input_shape=list(xs), **ca)),
+                 g.add_node("conv2d_grad_weight", [x, gy], dict(weight_shape=list(ws), **ca))]
+    d, dw = inp((24, 64)), inp((32, 64), 0.125)
+    outs.append(g.add_node("dense", [d, dw], dict(activation="none")))
+    g.outputs = outs
+    return g.validate(), feeds
+
+
+def test_tiled_conv_and_grad_schedules_match_numpy():
+    g, feeds = _conv_cases()
+    got = llvm_host.compile(g)(feeds=feeds)
+    want = executor.run(g, feeds=feeds)
+    for name, gv, wv in zip(g.outputs, got, want):
+        np.testing.assert_allclose(gv, wv, err_msg=f"{name} ({g.producer(name).op})", **TOL)
+
+
+def test_conv_schedule_is_register_tiled_with_packed_weights():
+    from tvm import te
+    x, w = te.placeholder((2, 8, 8, 16), name="x"), te.placeholder((32, 3, 3, 16), name="w")
+    out = TensorType((2, 8, 8, 32), "float32")
+    a = dict(stride=[1, 1], padding="same", dilation=[1, 1], groups=1, activation="none")
+    y = tvm_te.lowering("conv2d")([x, w], a, out)
+    f = llvm_host.schedule_cpu_func(te.create_prim_func([x, w, y]), llvm_host.host_target(1))
+    text = f.script()
+    assert 'scope="local"' in text                    # accumulators in a local (register) tile
+    assert "w_global = T.sblock_alloc_buffer((3, 3, 16, 32))" in text   # OHWI packed to HWIO
+    assert "T.vectorized(16)" in text and "T.unroll(8)" in text
