@@ -89,15 +89,42 @@ def pack_w16(w2, nb):
     return packed.view(np.int8).reshape(O, packed_cols(K))
 
 
-def dotw_intrin(K, zx, nb):
+# Layers whose int8 weights are at most this many bytes keep the int16 packing (pack_w16,
+# 17 instructions / 16 MACs); larger ones store int8 (pack_w8, half the flash, 21 / 16 MACs).
+W16_MAX_BYTES = 4096
+
+
+def weight_bits(O, K):
+    return 16 if O * K <= W16_MAX_BYTES else 8
+
+
+def pack_w8(w2, nb):
+    """(O, K) int8 weights -> (O, ceil(K/4)*4) int8 in the order ``kiln_dot{nb}_w8`` reads: per
+    block of nb output channels, per group of 4 reduction indices, per channel its 4 weights in
+    natural order; the K % 4 tail zero-padded to one group. Block b occupies rows b*nb.."""
+    w2 = np.asarray(w2, dtype=np.int8)
+    O, K = w2.shape
+    Kp = -(-K // 4) * 4
+    wp = np.zeros((O, Kp), np.int8)
+    wp[:, :K] = w2
+    out = wp.reshape(O // nb, nb, Kp // 4, 4).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(out).reshape(O, Kp)
+
+
+def pack_weights(wr, nb):
+    O, K = wr.shape
+    return pack_w16(wr, nb) if weight_bits(O, K) == 16 else pack_w8(wr, nb)
+
+
+def dotw_intrin(K, zx, nb, bits=16):
     """Register (once) acc[j] += sum_k (int32(a[k]) - zx) * W[j, k], j < nb, where W is a block of
     ``nb`` rows of a packed weight array (``pack_w16``). The description reads W[j, k] (k < K) of
     the packed rows: it is only the pattern the reduction is matched against; the implementation,
     ``kiln_dot{nb}_w16``, is what defines the packed layout and computes the true dot products."""
-    name = f"kiln_dotw_s8_{K}_{zx}_{nb}".replace("-", "m")
+    name = f"kiln_dotw_s8_{K}_{zx}_{nb}_{bits}".replace("-", "m")
     if name in _REGISTERED:
         return name
-    fn = f"kiln_dot{nb}_w16"
+    fn = f"kiln_dot{nb}_w{bits}"
 
     if nb == 1:
         @T.prim_func(s_tir=True)
@@ -186,7 +213,7 @@ def conv_patch_compute(k, node, xp, G, zx):
     Kr = KH * KW * I
     wr = np.asarray(warr).reshape(O, Kr)
     bias, zx_k = fold_zero_point(k, node, wr, zx)
-    w2 = k.const("w_packed", pack_w16(wr, channel_block(O)))
+    w2 = k.const("w_packed", pack_weights(wr, channel_block(O)))
     sh, sw, dh, dw = G["sh"], G["sw"], G["dh"], G["dw"]
     direct = KH == 1 and KW == 1 and sh == 1 and sw == 1 and not (G["pt"] or G["pb"] or G["pl"] or G["pr"])
     r = te.reduce_axis((0, Kr), "r")
@@ -239,7 +266,7 @@ def dsp_conv_schedule(G, zx, has_patch):
     KH, KW, I = G["KH"], G["KW"], G["I"]
     Kr = KH * KW * I
     nb = channel_block(G["O"])
-    intrin = dotw_intrin(Kr, zx, nb)
+    intrin = dotw_intrin(Kr, zx, nb, weight_bits(G["O"], Kr))
 
     def sched(sch, out_block):
         _inline_rest(sch, {out_block, "acc", "patch"})
@@ -256,7 +283,7 @@ def dense_dot_compute(k, node, x, lead, N, K, zx):
     """Returns (acc, folded bias or None, zero point the kernel still subtracts)."""
     wr = np.asarray(k.value(node.inputs[1])).reshape(N, K)
     bias, zx_k = fold_zero_point(k, node, wr, zx)
-    w2 = k.const("w_packed", pack_w16(wr, channel_block(N)))
+    w2 = k.const("w_packed", pack_weights(wr, channel_block(N)))
     r = te.reduce_axis((0, K), "r")
     return te.compute(tuple(lead) + (N,), lambda *i: te.sum(
         (x[i[:-1] + (r,)].astype("int32") - c(zx_k)) * w2[i[-1], r].astype("int32"), axis=[r]), name="acc"), bias, zx_k
@@ -264,7 +291,7 @@ def dense_dot_compute(k, node, x, lead, N, K, zx):
 
 def dsp_dense_schedule(K, zx, N):
     nb = channel_block(N)
-    intrin = dotw_intrin(K, zx, nb)
+    intrin = dotw_intrin(K, zx, nb, weight_bits(N, K))
 
     def sched(sch, out_block):
         _inline_rest(sch, {out_block, "acc"})

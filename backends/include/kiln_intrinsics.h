@@ -186,6 +186,87 @@ KILN_DEF_DOTW(2, kiln_dot2_w16_o, 0)
 KILN_DEF_DOTW(1, kiln_dot1_w16_z, 1)
 KILN_DEF_DOTW(1, kiln_dot1_w16_o, 0)
 
+/* ---- dot products against int8 weights (schedules.pack_w8, half the flash of _w16) ----------
+ * Per block of NB channels, per group of four reduction indices, channel after channel the four
+ * int8 weights in natural order; the n % 4 tail as one zero-padded 4-byte group per channel.
+ * SXTB16 of a weight word gives {w0, w2} and SXTB16 ROR #8 gives {w1, w3}: the same lane order as
+ * the input, so per 4 MACs and channel: half an LDRD, two SXTB16, two SMLAD. */
+#if KILN_HAVE_DSP
+#define KILN_DOTW8_PAIR(SA, SB, J)                                                \
+    do {                                                                          \
+        uint32_t wa_, wb_;                                                        \
+        KILN_LDRD(wa_, wb_, w, 4 * (J));                                          \
+        SA = (int32_t)__smlad(a02, __sxtb16(wa_), SA);                            \
+        SA = (int32_t)__smlad(a13, kiln_sxtb16_ror8(wa_), SA);                    \
+        SB = (int32_t)__smlad(a02, __sxtb16(wb_), SB);                            \
+        SB = (int32_t)__smlad(a13, kiln_sxtb16_ror8(wb_), SB);                    \
+    } while (0)
+#define KILN_DOTW8_ONE(S, J)                                                      \
+    do {                                                                          \
+        const uint32_t wa_ = kiln_read_s8x4(w + 4 * (J));                         \
+        S = (int32_t)__smlad(a02, __sxtb16(wa_), S);                              \
+        S = (int32_t)__smlad(a13, kiln_sxtb16_ror8(wa_), S);                      \
+    } while (0)
+#else
+#define KILN_DOTW8_ONE(S, J)                                                      \
+    S += x0 * (int32_t)w[4 * (J)] + x1 * (int32_t)w[4 * (J) + 1]                  \
+       + x2 * (int32_t)w[4 * (J) + 2] + x3 * (int32_t)w[4 * (J) + 3]
+#define KILN_DOTW8_PAIR(SA, SB, J)                                                \
+    do {                                                                          \
+        KILN_DOTW8_ONE(SA, J);                                                    \
+        KILN_DOTW8_ONE(SB, (J) + 1);                                              \
+    } while (0)
+#endif
+#define KILN_DOTW8_MAC4 KILN_DOTW8_PAIR(s0, s1, 0); KILN_DOTW8_PAIR(s2, s3, 2);
+#define KILN_DOTW8_MAC2 KILN_DOTW8_PAIR(s0, s1, 0);
+#define KILN_DOTW8_MAC1 KILN_DOTW8_ONE(s0, 0);
+#define KILN_DOTW8_TAIL(S, J)                                                     \
+    for (int32_t t = 0; t < n - i; ++t) {                                         \
+        S += ((int32_t)a[i + t] + a_offset) * (int32_t)w[4 * (J) + t];            \
+    }
+#define KILN_DOTW8_TL(J) KILN_DOTW8_TAIL(s##J, J)
+#define KILN_DEF_DOTW8(NB, NAME, ZERO)                                                        \
+    static __attribute__((noinline, unused)) void NAME(const int8_t *a, const int8_t *wp, int32_t n, \
+                                                       int32_t a_offset, int32_t *acc)           \
+    {                                                                                        \
+        const int8_t *w = (const int8_t *)__builtin_assume_aligned(wp, 4 * (NB));            \
+        const int zero_ = (ZERO);                                                            \
+        int32_t i = 0;                                                                       \
+        KILN_DOTW_ACC##NB(KILN_DOTW_LD)                                                      \
+        KILN_DOTW_OFF2;                                                                      \
+        (void)zero_;                                                                         \
+        if (zero_) {                                                                         \
+            a_offset = 0;                                                                    \
+        }                                                                                    \
+        for (; i + 4 <= n; i += 4, w += 4 * (NB)) {                                          \
+            KILN_DOTW_PREP();                                                                \
+            KILN_DOTW8_MAC##NB                                                               \
+        }                                                                                    \
+        KILN_DOTW_ACC##NB(KILN_DOTW8_TL)                                                     \
+        KILN_DOTW_ACC##NB(KILN_DOTW_ST)                                                      \
+    }
+KILN_DEF_DOTW8(4, kiln_dot4_w8_z, 1)
+KILN_DEF_DOTW8(4, kiln_dot4_w8_o, 0)
+KILN_DEF_DOTW8(2, kiln_dot2_w8_z, 1)
+KILN_DEF_DOTW8(2, kiln_dot2_w8_o, 0)
+KILN_DEF_DOTW8(1, kiln_dot1_w8_z, 1)
+KILN_DEF_DOTW8(1, kiln_dot1_w8_o, 0)
+
+static inline void kiln_dot4_w8(const int8_t *a, const int8_t *w, int32_t n, int32_t a_offset, int32_t *acc)
+{
+    if (a_offset == 0) kiln_dot4_w8_z(a, w, n, 0, acc); else kiln_dot4_w8_o(a, w, n, a_offset, acc);
+}
+
+static inline void kiln_dot2_w8(const int8_t *a, const int8_t *w, int32_t n, int32_t a_offset, int32_t *acc)
+{
+    if (a_offset == 0) kiln_dot2_w8_z(a, w, n, 0, acc); else kiln_dot2_w8_o(a, w, n, a_offset, acc);
+}
+
+static inline void kiln_dot1_w8(const int8_t *a, const int8_t *w, int32_t n, int32_t a_offset, int32_t *acc)
+{
+    if (a_offset == 0) kiln_dot1_w8_z(a, w, n, 0, acc); else kiln_dot1_w8_o(a, w, n, a_offset, acc);
+}
+
 static inline void kiln_dot4_w16(const int8_t *a, const int8_t *w, int32_t n, int32_t a_offset, int32_t *acc)
 {
     if (a_offset == 0) kiln_dot4_w16_z(a, w, n, 0, acc); else kiln_dot4_w16_o(a, w, n, a_offset, acc);

@@ -101,6 +101,19 @@ def test_int8_ops_bit_exact(int8_graph, target, tmp_path_factory):
             np.testing.assert_array_equal(gt, w, err_msg=f"{name} ({target})")
 
 
+def test_int8_ops_bit_exact_int8_weights(int8_graph, tmp_path_factory, monkeypatch):
+    """Every conv/dense with int8-stored weights (kiln_dot*_w8), as large layers get."""
+    from kiln.backends import schedules
+    monkeypatch.setattr(schedules, "W16_MAX_BYTES", 0)
+    pkg = compile_pkg(int8_graph, target="host", out_dir=tmp_path_factory.mktemp("w8"), plot=False,
+                      measure_size=False)
+    assert "kiln_dot4_w8" in open(os.path.join(pkg.path, "kernels.c")).read()
+    for trial in range(3):
+        x = i8((1, 7, 6, 8))
+        for name, w, gt in zip(int8_graph.outputs, run(int8_graph, x), pkg.run(x)):
+            np.testing.assert_array_equal(gt, w, err_msg=f"{name} (int8 weights)")
+
+
 # ---- float op table ---------------------------------------------------------------------------
 def _float_graph():
     g = Graph("float_table")
