@@ -34,7 +34,7 @@ from kiln.frontend.types import np_dtype
 
 from . import tvm_te
 
-SCHEDULE_VERSION = 5   # bump when the schedule changes: it is part of the cache key
+SCHEDULE_VERSION = 6   # bump when the schedule changes: it is part of the cache key
 
 
 def host_target(num_threads=None):
@@ -106,6 +106,8 @@ def schedule_cpu_func(func, target):
         # parallelise the outer spatial loops and move the innermost spatial loop (the channel,
         # contiguous in NHWC outputs) inside the reduction, vectorised
         if ns >= 2 and _try(_tiled_reduction, sch, b, loops, kinds, extents, vec) is not None:
+            continue
+        if ns == 1 and _try(_channel_reduction, sch, b, loops, extents, vec) is not None:
             continue
         if ns >= 2:
             outer = sch.fuse(*loops[:ns - 1]) if ns > 2 else loops[0]
@@ -210,6 +212,34 @@ def _tiled_reduction(sch, block, loops, kinds, extents, vec):
         sch.unroll(u_i)
     cw = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(cw, anchor)
+    init = sch.decompose_reduction(block, red[0])
+    for blk in (init, cw):
+        _try(sch.vectorize, sch.get_loops(blk)[-1])
+    return True
+
+
+def _channel_reduction(sch, block, loops, extents, vec):
+    """Per-channel reduction over the other axes of an NHWC tensor (BatchNorm statistics and
+    their gradients, bias gradients): the channel loop goes innermost, vectorised, with the
+    accumulators in a local buffer. Only when every operand that the channel indexes has it as
+    its innermost (contiguous) dimension."""
+    e = extents[0]
+    if not (e % vec == 0 or 4 <= e <= vec) or len(loops) < 2:
+        return None
+    v = sch.get(block).iter_vars[0].var
+    for r in sch.get(block).reads:
+        reg = r.region
+        uses = [j for j, x in enumerate(reg) if hasattr(x.min, "name") and x.min.same_as(v)]
+        if uses and uses != [len(reg) - 1]:
+            return None
+    lanes = vec if e % vec == 0 else e
+    sl, red = loops[0], list(loops[1:])
+    v_o, v_i = sch.split(sl, [None, lanes]) if e > lanes else (None, sl)
+    sch.reorder(*([v_o] if v_o is not None else []), *red, v_i)
+    sch.vectorize(v_i)
+    cw = sch.cache_write(block, 0, "local")
+    if v_o is not None:
+        sch.reverse_compute_at(cw, v_o)
     init = sch.decompose_reduction(block, red[0])
     for blk in (init, cw):
         _try(sch.vectorize, sch.get_loops(blk)[-1])

@@ -249,11 +249,15 @@ def _conv_cases():
                  g.add_node("conv2d_grad_weight", [x, gy], dict(weight_shape=list(ws), **ca))]
     d, dw = inp((24, 64)), inp((32, 64), 0.125)
     outs.append(g.add_node("dense", [d, dw], dict(activation="none")))
+    for shape in ((3, 5, 7, 48), (2, 5, 6, 12), (4, 3, 3, 40)):    # per-channel (BatchNorm) reductions
+        t = inp(shape)
+        outs += [g.add_node("sum", [t], dict(axes=[0, 1, 2], keepdims=False)),
+                 g.add_node("mean", [t], dict(axes=[0, 1, 2], keepdims=True))]
     g.outputs = outs
     return g.validate(), feeds
 
 
-def test_tiled_conv_and_grad_schedules_match_numpy():
+def test_tiled_conv_grad_and_channel_reduction_schedules_match_numpy():
     g, feeds = _conv_cases()
     got = llvm_host.compile(g)(feeds=feeds)
     want = executor.run(g, feeds=feeds)
