@@ -38,12 +38,28 @@ def _check_int8(k, node, names):
             k.fail(f"int8 kernel needs quantised int8 {v!r}, got {t}")
 
 
-def requant_epilogue(k, node, acc, out_type, channels, axis_index, act):
+def requant_epilogue(k, node, acc, out_type, channels, axis_index, act, bound=None):
     """acc (int32 te tensor) -> int8: MultiplyByQuantizedMultiplier per channel, + zero point,
-    activation clamp. ``axis_index(idx) -> channel expr``."""
+    activation clamp. ``axis_index(idx) -> channel expr``. ``bound``: per-channel bound on
+    |acc| known at compile time; on DSP cores, when it allows, one ``kiln_rq_s8`` per output
+    (SMMULR + folded zero point, exactly the same result; schedules.requant_bound_ok)."""
     mult, shift = qmath.linear_requant(k.type(node.inputs[0]), k.type(node.inputs[1]), out_type, channels)
     zy = _zp(out_type)
     lo, hi = qmath.activation_range(act, _scale(out_type), zy)
+    if k.target.dsp and schedules.ENABLED and schedules.requant_bound_ok(bound, mult, shift, zy):
+        e = (-np.asarray(shift, np.int64))
+        halfz = (np.left_shift(np.int64(1), e - 1) + np.int64(zy) * np.left_shift(np.int64(1), e)).astype(np.int32)
+        if len(set(mult.tolist())) == 1 and len(set(shift.tolist())) == 1:
+            consts = (lambda ch: c(int(mult[0])), lambda ch: c(int(halfz[0])), lambda ch: c(int(e[0])))
+        else:
+            tm, th, tsh = k.const("mult", mult), k.const("halfz", halfz), k.const("rshift", e.astype(np.int32))
+            consts = (lambda ch: tm[ch], lambda ch: th[ch], lambda ch: tsh[ch])
+
+        def fast(*idx):
+            ch = axis_index(idx)
+            return tirx.call_extern("int32", "kiln_rq_s8", acc(*idx), consts[0](ch), consts[1](ch), consts[2](ch),
+                                    c(lo), c(hi)).astype("int8")
+        return te.compute(acc.shape, fast, name="requant")
     if len(set(mult.tolist())) == 1 and len(set(shift.tolist())) == 1:
         m0, s0 = int(mult[0]), int(shift[0])
 
@@ -112,6 +128,7 @@ def lower_conv2d(k, node, xs):
     sh, sw, dh, dw = G["sh"], G["sw"], G["dh"], G["dw"]
     dsp = q and k.target.dsp
     bias = xs[2] if len(xs) == 3 else None
+    bound = None
     if depthwise and dsp and Og == 1 and schedules.ENABLED:
         y = _depthwise_dsp(k, node, x, G, zx, tx, tw, ty)
         if y is not None:
@@ -124,6 +141,9 @@ def lower_conv2d(k, node, xs):
         if schedules.ENABLED:
             k.schedule(schedules.depthwise_schedule)
     elif dsp and g == 1 and schedules.ENABLED and k.value(node.inputs[1]) is not None:
+        bvals = k.value(node.inputs[2]) if len(node.inputs) >= 3 else np.zeros(O, np.int64)
+        if bvals is not None:
+            bound = schedules.acc_bound(np.asarray(k.value(node.inputs[1])).reshape(O, -1), bvals, zx)
         acc, patch, folded, zx_k = schedules.conv_patch_compute(k, node, xp, G, zx)
         bias = folded if folded is not None else bias
         k.schedule(schedules.dsp_conv_schedule(G, zx_k, patch is not None))
@@ -137,7 +157,7 @@ def lower_conv2d(k, node, xs):
             acc2 = te.compute(acc.shape, lambda n, oh, ow, o: acc[n, oh, ow, o] + bias[o], name="bias")
         else:
             acc2 = acc
-        return requant_epilogue(k, node, acc2, ty, O, lambda idx: idx[3], a["activation"])
+        return requant_epilogue(k, node, acc2, ty, O, lambda idx: idx[3], a["activation"], bound)
     return te.compute(acc.shape, lambda n, oh, ow, o: _act_f32(acc[n, oh, ow, o] + (bias[o] if bias is not None else
                                                                                      tirx.const(0.0, F32)),
                                                                a["activation"]), name="conv")
@@ -190,7 +210,11 @@ def lower_dense(k, node, xs):
         if len(set(zws)) != 1:
             k.fail("int8 dense needs one weight zero point")
         zw = zws[0]
+        bound = None
         if k.target.dsp and zw == 0 and schedules.ENABLED and k.value(node.inputs[1]) is not None:
+            bvals = k.value(node.inputs[2]) if len(node.inputs) >= 3 else np.zeros(N, np.int64)
+            if bvals is not None:
+                bound = schedules.acc_bound(np.asarray(k.value(node.inputs[1])).reshape(N, K), bvals, zx)
             acc, folded, zx_k = schedules.dense_dot_compute(k, node, x, lead, N, K, zx)
             bias = folded if folded is not None else bias
             k.schedule(schedules.dsp_dense_schedule(K, zx_k, N))
@@ -199,7 +223,7 @@ def lower_dense(k, node, xs):
                 (x[i[:-1] + (kk,)].astype("int32") - c(zx)) * (w[i[-1], kk].astype("int32") - c(zw)), axis=[kk]),
                 name="acc")
         acc2 = te.compute(acc.shape, lambda *i: acc(*i) + bias[i[-1]], name="bias") if bias is not None else acc
-        return requant_epilogue(k, node, acc2, ty, N, lambda idx: idx[-1], node.attrs["activation"])
+        return requant_epilogue(k, node, acc2, ty, N, lambda idx: idx[-1], node.attrs["activation"], bound)
     if tx.dtype != F32:
         k.fail(f"dense on {tx.dtype} is not supported")
     acc = te.compute(lead + (N,), lambda *i: te.sum(x[i[:-1] + (kk,)] * w[i[-1], kk], axis=[kk]), name="acc")

@@ -383,3 +383,24 @@ def dw_dsp_extern(x, w16, q, G, zx, zy, lo, hi):
     yb = tirx.decl_buffer((N, oh, ow, C), "int8", name="dwconv", elem_offset=0)
     return te.extern((N, oh, ow, C), [x, w16, q], fcompute, name="dwconv", dtype="int8",
                      in_buffers=bufs, out_buffers=[yb])
+
+
+def acc_bound(w2, bias, zx):
+    """Per output channel, a bound on |acc + bias| of an int8 conv/dense with (O, K) weights
+    w2 (inputs x - zx with x in [-128, 127]; pad taps hold zx, folded biases included)."""
+    w2 = np.asarray(w2, np.int64).reshape(w2.shape[0], -1)
+    b = np.zeros(w2.shape[0], np.int64) if bias is None else np.abs(np.asarray(bias, np.int64).reshape(-1))
+    return np.abs(w2).sum(axis=1) * (128 + abs(int(zx))) + b
+
+
+def requant_bound_ok(bound, mult, shift, zy):
+    """kiln_rq_s8 is exact: right shifts >= 1, 2 * acc fits int32, and
+    v + half + (zy << shift) - (v < 0) cannot overflow."""
+    shift = np.asarray(shift, np.int64)
+    if bound is None or (shift > -1).any():
+        return False
+    bound = np.asarray(bound, np.int64)
+    v = (bound * np.asarray(mult, np.int64) >> 31) + 2
+    e = -shift
+    halfz = np.left_shift(np.int64(1), e - 1) + abs(int(zy)) * np.left_shift(np.int64(1), e)
+    return bool((2 * bound < 2 ** 31).all() and (v + halfz < 2 ** 31).all())

@@ -331,6 +331,14 @@ static inline int32_t kiln_dw_requant(int32_t acc2, int32_t mult, int32_t halfz,
     return (v + halfz + (v >> 31)) >> shift;
 }
 
+/* One conv/dense output (ops_nn.requant_epilogue, when schedules.requant_bound_ok holds):
+ * acc + bias -> int8 in [lo, hi], the same exact shortcuts as kiln_dw_s8 with the doubling done
+ * here (|acc| < 2^30 is checked at compile time). halfz = half + (zy << shift). */
+static inline int32_t kiln_rq_s8(int32_t acc, int32_t mult, int32_t halfz, int32_t shift, int32_t lo, int32_t hi)
+{
+    return kiln_clamp_i32(kiln_dw_requant(acc * 2, mult, halfz, shift), lo, hi);
+}
+
 #if KILN_HAVE_DSP
 #define KILN_DW_TAP(XP, WP, WO)                                                     \
     do {                                                                          \
