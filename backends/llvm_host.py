@@ -34,7 +34,7 @@ from kiln.frontend.types import np_dtype
 
 from . import tvm_te
 
-SCHEDULE_VERSION = 6   # bump when the schedule changes: it is part of the cache key
+SCHEDULE_VERSION = 7   # bump when the schedule changes: it is part of the cache key
 
 
 def host_target(num_threads=None):
