@@ -22,43 +22,6 @@ ENABLED = True
 _REGISTERED = set()
 
 
-def dot_intrin(K, zx):
-    """Register (once) the tensor intrinsic acc += sum_k (int32(a[k]) - zx) * int32(b[k])."""
-    name = f"kiln_dot_s8_{K}_{zx}".replace("-", "m")
-    if name in _REGISTERED:
-        return name
-
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, cc: T.handle):
-        A = T.match_buffer(a, (K,), "int8", offset_factor=1)
-        B = T.match_buffer(b, (K,), "int8", offset_factor=1)
-        C = T.match_buffer(cc, (1,), "int32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C[0], A[0:K], B[0:K])
-            T.writes(C[0])
-            for r in range(K):
-                with T.sblock("update"):
-                    vr = T.axis.remap("R", [r])
-                    C[0] = C[0] + (T.Cast("int32", A[vr]) - zx) * T.Cast("int32", B[vr])
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, cc: T.handle):
-        A = T.match_buffer(a, (K,), "int8", offset_factor=1)
-        B = T.match_buffer(b, (K,), "int8", offset_factor=1)
-        C = T.match_buffer(cc, (1,), "int32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C[0], A[0:K], B[0:K])
-            T.writes(C[0])
-            C[0] = T.call_extern("int32", "kiln_dot_s8", A.access_ptr("r"), B.access_ptr("r"), K, -zx, C[0])
-
-    try:
-        s_tir.TensorIntrin.register(name, desc, impl)
-    except Exception:  # noqa: BLE001 (registered by an earlier compile in this process)
-        pass
-    _REGISTERED.add(name)
-    return name
-
-
 def channel_block(O):
     """Output channels per dot-product call (register blocking: each input word is loaded and
     sign-extended once for all of them)."""
