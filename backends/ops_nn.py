@@ -133,6 +133,10 @@ def lower_conv2d(k, node, xs):
         y = _depthwise_dsp(k, node, x, G, zx, tx, tw, ty)
         if y is not None:
             return y
+    if dsp and g == 1 and not depthwise and schedules.ENABLED:
+        y = _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty)
+        if y is not None:
+            return y
     if depthwise:
         M = Og  # depth multiplier
         acc = te.compute((G["N"], G["oh"], G["ow"], O),
@@ -161,6 +165,39 @@ def lower_conv2d(k, node, xs):
     return te.compute(acc.shape, lambda n, oh, ow, o: _act_f32(acc[n, oh, ow, o] + (bias[o] if bias is not None else
                                                                                      tirx.const(0.0, F32)),
                                                                a["activation"]), name="conv")
+
+
+def _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty):
+    """int8 groups-1 conv on DSP cores, one ``kiln_conv_s8`` call per output pixel
+    (``schedules.conv_fused_extern``): None when it does not apply (weights/bias not constant,
+    C_out % 4, dilation, the zero point not foldable, a left shift or an accumulator bound the
+    requantisation shortcut does not allow, an input that is not a kernel argument)."""
+    if not isinstance(x.op, te.PlaceholderOp) or G["O"] % 4 or G["dh"] != 1 or G["dw"] != 1:
+        return None
+    w = k.value(node.inputs[1])
+    if w is None:
+        return None
+    O = G["O"]
+    bias = np.zeros(O, np.int64)
+    if len(node.inputs) >= 3:
+        b = k.value(node.inputs[2])
+        if b is None:
+            return None
+        bias = np.asarray(b, np.int64).reshape(-1)
+    wr = np.asarray(w).reshape(O, -1)
+    mult, shift = qmath.linear_requant(tx, tw, ty, O)
+    zy = _zp(ty)
+    if not schedules.requant_bound_ok(schedules.acc_bound(wr, bias, zx), mult, shift, zy):
+        return None
+    folded = bias - int(zx) * wr.astype(np.int64).sum(axis=1)
+    if np.abs(folded).max(initial=0) >= 2 ** 31:
+        return None
+    lo, hi = qmath.activation_range(node.attrs["activation"], _scale(ty), zy)
+    bits = schedules.weight_bits(O, wr.shape[1])
+    wp = k.const("w_packed", schedules.pack_weights(wr, 4))
+    q = k.const("convq", schedules.conv_requant_table(folded, mult, shift, zy))
+    k.schedule(lambda sch, out_block: None)
+    return schedules.conv_fused_extern(x, wp, q, G, zx, lo, hi, bits)
 
 
 def _depthwise_dsp(k, node, x, G, zx, tx, tw, ty):

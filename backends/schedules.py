@@ -367,3 +367,41 @@ def requant_bound_ok(bound, mult, shift, zy):
     e = -shift
     halfz = np.left_shift(np.int64(1), e - 1) + abs(int(zy)) * np.left_shift(np.int64(1), e)
     return bool((2 * bound < 2 ** 31).all() and (v + halfz < 2 ** 31).all())
+
+
+# ---- fused conv on DSP cores: TVM loops over output pixels, kiln_conv_s8 per pixel -----------
+def conv_requant_table(bias, mult, shift, zy):
+    """Per block of 4 channels {bias x4, multiplier x4, half + (zy << shift) x4, right shift x4}
+    (the bias not doubled: kiln_rq4_store doubles the accumulator)."""
+    tab = dw_requant_table(bias, mult, shift, zy).reshape(-1, 4, 4).copy()
+    tab[:, 0, :] = np.asarray(bias, np.int64).reshape(-1, 4)
+    return tab.reshape(-1).astype(np.int32)
+
+
+def conv_fused_extern(x, wp, q, G, zx, lo, hi, bits):
+    """A groups-1 int8 conv as a TVM loop nest over output pixels, each pixel one call of
+    ``kiln_conv_s8`` (patch, dot products, requantisation and store; kiln_intrinsics.h). The
+    patch is a kernel-local buffer (lifted into the arena when large, tirc.lift_scratch)."""
+    N, H, W, C = G["N"], G["H"], G["W"], G["C"]
+    oh, ow, KH, KW, O = G["oh"], G["ow"], G["KH"], G["KW"], G["O"]
+    sh, sw, pt, pl = G["sh"], G["sw"], G["pt"], G["pl"]
+    K = KH * KW * C
+
+    def fcompute(ins, outs):
+        xb, wb, qb = ins
+        yb = outs[0]
+        patch = tirx.decl_buffer(((K + 3) // 4 * 4,), "int8", name="patch")
+        n, i, j = (tirx.Var(v, "int32") for v in ("n", "i", "j"))
+        yoff = ((n * c(oh) + i) * c(ow) + j) * c(O)
+        call = tirx.call_extern("void", "kiln_conv_s8", xb.access_ptr("r", offset=n * c(H * W * C)),
+                                i * c(sh) - c(pt), j * c(sw) - c(pl), c(H), c(W), c(C), c(KH), c(KW), c(zx),
+                                patch.access_ptr("w"), wb.access_ptr("r"), c(K), c(O), c(bits),
+                                qb.access_ptr("r"), c(lo), c(hi), yb.access_ptr("w", offset=yoff))
+        body = tirx.Evaluate(call)
+        for v, ext in reversed([(n, N), (i, oh), (j, ow)]):
+            body = tirx.For(v, c(0), c(ext), tirx.ForKind.SERIAL, body)
+        return tirx.SeqStmt([tirx.AllocBuffer(patch), body])
+    bufs = [tirx.decl_buffer(t.shape, t.dtype, name=t.op.name, elem_offset=0) for t in (x, wp, q)]
+    yb = tirx.decl_buffer((N, oh, ow, O), "int8", name="conv", elem_offset=0)
+    return te.extern((N, oh, ow, O), [x, wp, q], fcompute, name="conv", dtype="int8",
+                     in_buffers=bufs, out_buffers=[yb])

@@ -369,4 +369,115 @@ static __attribute__((noinline, unused)) void kiln_dw_s8(const int8_t *x, int32_
     }
 }
 
+/* ---- fused conv (groups 1, dilation 1, C_out % 4 == 0): ops_nn._conv_dsp_fused ----------------
+ * One call per output pixel: builds the pixel's padded patch [KH][KW][C] (in-bounds runs copied
+ * a word at a time, out-of-bounds taps filled with the input zero point; no patch for 1x1
+ * kernels, whose pixel is already contiguous), then per block of 4 output channels one call of
+ * kiln_dot4rq_w{16,8}: the dot product (zero point folded into the bias), then the
+ * requantisation of kiln_dw_s8 while the accumulators are still in registers, SSAT/SEL clamp and
+ * one 32-bit store. q: per block of 4 channels {bias x4, multiplier x4, half + (zy << shift) x4,
+ * right shift x4}; schedules.requant_bound_ok holds (checked at compile time). */
+static inline void kiln_rq4_store(int32_t s0, int32_t s1, int32_t s2, int32_t s3, const int32_t *q,
+                                  int32_t lo, int32_t hi, int8_t *y)
+{
+    const int32_t y0 = kiln_dw_requant(2 * s0, q[4], q[8], q[12]);
+    const int32_t y1 = kiln_dw_requant(2 * s1, q[5], q[9], q[13]);
+    const int32_t y2 = kiln_dw_requant(2 * s2, q[6], q[10], q[14]);
+    const int32_t y3 = kiln_dw_requant(2 * s3, q[7], q[11], q[15]);
+#if KILN_HAVE_DSP
+    const uint32_t lo4 = ((uint32_t)lo & 0xFFu) * 0x01010101u, hi4 = ((uint32_t)hi & 0xFFu) * 0x01010101u;
+    const uint32_t t02 = __uxtb16(kiln_pkhbt16((uint32_t)__ssat(y0, 8), (uint32_t)__ssat(y2, 8)));
+    const uint32_t t13 = __uxtb16(kiln_pkhbt16((uint32_t)__ssat(y1, 8), (uint32_t)__ssat(y3, 8)));
+    uint32_t packed = t02 | (t13 << 8);
+    (void)__ssub8(packed, lo4);
+    packed = __sel(packed, lo4);
+    (void)__ssub8(hi4, packed);
+    packed = __sel(packed, hi4);
+#else
+    const uint32_t packed = ((uint32_t)kiln_clamp_i32(y0, lo, hi) & 0xFFu) |
+                            (((uint32_t)kiln_clamp_i32(y1, lo, hi) & 0xFFu) << 8) |
+                            (((uint32_t)kiln_clamp_i32(y2, lo, hi) & 0xFFu) << 16) |
+                            ((uint32_t)kiln_clamp_i32(y3, lo, hi) << 24);
+#endif
+    __builtin_memcpy(y, &packed, sizeof packed);
+}
+
+#define KILN_DEF_DOTRQ(NAME, WSTEP, MAC4, TL)                                                  \
+    static __attribute__((noinline, unused)) void NAME(const int8_t *a, const int8_t *wp, int32_t n, \
+                                                       const int32_t *q, int32_t lo, int32_t hi,  \
+                                                       int8_t *y)                                 \
+    {                                                                                        \
+        const int8_t *w = (const int8_t *)__builtin_assume_aligned(wp, 8);                   \
+        const int zero_ = 1;                                                                 \
+        const int32_t a_offset = 0;                                                          \
+        int32_t i = 0;                                                                       \
+        int32_t s0 = q[0], s1 = q[1], s2 = q[2], s3 = q[3];                                  \
+        KILN_DOTW_OFF2;                                                                      \
+        (void)zero_;                                                                         \
+        (void)a_offset;                                                                      \
+        for (; i + 4 <= n; i += 4, w += (WSTEP)) {                                           \
+            KILN_DOTW_PREP();                                                                \
+            MAC4                                                                             \
+        }                                                                                    \
+        KILN_DOTW_ACC4(TL)                                                                   \
+        kiln_rq4_store(s0, s1, s2, s3, q, lo, hi, y);                                        \
+    }
+KILN_DEF_DOTRQ(kiln_dot4rq_w16, 32, KILN_DOTW_ACC4(KILN_DOTW_MAC), KILN_DOTW_TL)
+KILN_DEF_DOTRQ(kiln_dot4rq_w8, 16, KILN_DOTW8_MAC4, KILN_DOTW8_TL)
+
+/* n bytes (n % 4 == 0 when word) from src to dst / n bytes of value v4 (4 copies of a byte) */
+static inline void kiln_copy_s8(int8_t *dst, const int8_t *src, int32_t n)
+{
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const uint32_t v = kiln_read_s8x4(src + i);
+        __builtin_memcpy(dst + i, &v, sizeof v);
+    }
+    for (; i < n; ++i) dst[i] = src[i];
+}
+
+static inline void kiln_fill_s8(int8_t *dst, uint32_t v4, int32_t n)
+{
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) __builtin_memcpy(dst + i, &v4, sizeof v4);
+    for (; i < n; ++i) dst[i] = (int8_t)v4;
+}
+
+/* x: the batch image (H x W x C); (ih0, iw0): the window's top-left tap (may be out of bounds) */
+static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int32_t ih0, int32_t iw0, int32_t H,
+                                                           int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t zx,
+                                                           int8_t *patch, const int8_t *w, int32_t K, int32_t O,
+                                                           int32_t wbits, const int32_t *q, int32_t lo, int32_t hi,
+                                                           int8_t *y)
+{
+    const int8_t *a;
+    if (KH == 1 && KW == 1 && ih0 >= 0 && ih0 < H && iw0 >= 0 && iw0 < W) {
+        a = x + (ih0 * W + iw0) * C;
+    } else {
+        const uint32_t z4 = ((uint32_t)zx & 0xFFu) * 0x01010101u;
+        const int32_t kw0 = iw0 < 0 ? -iw0 : 0;
+        const int32_t kw1 = W - iw0 < KW ? W - iw0 : KW;
+        const int32_t row = KW * C, left = kw0 * C, mid = (kw1 - kw0) * C, right = (KW - kw1) * C;
+        int8_t *p = patch;
+        const int8_t *xr = x + (ih0 * W + iw0 + kw0) * C;
+        for (int32_t kh = 0; kh < KH; ++kh, p += row, xr += W * C) {
+            const int32_t ih = ih0 + kh;
+            if (ih < 0 || ih >= H || mid <= 0) {
+                kiln_fill_s8(p, z4, row);
+            } else {
+                if (left) kiln_fill_s8(p, z4, left);
+                kiln_copy_s8(p + left, xr, mid);
+                if (right) kiln_fill_s8(p + left + mid, z4, right);
+            }
+        }
+        a = patch;
+    }
+    const int32_t kp = (K + 3) & ~3;
+    if (wbits == 16) {
+        for (int32_t ob = 0; ob < O; ob += 4, w += 8 * kp, q += 16, y += 4) kiln_dot4rq_w16(a, w, K, q, lo, hi, y);
+    } else {
+        for (int32_t ob = 0; ob < O; ob += 4, w += 4 * kp, q += 16, y += 4) kiln_dot4rq_w8(a, w, K, q, lo, hi, y);
+    }
+}
+
 #endif /* KILN_INTRINSICS_H */

@@ -2,6 +2,7 @@
 shared models' goldens, warning-free cross compiles, named errors. Packages are compiled once
 per module (TVM + gcc are the slow part) and run on the host through ctypes."""
 import os
+import re
 
 import numpy as np
 import pytest
@@ -107,7 +108,9 @@ def test_int8_ops_bit_exact_int8_weights(int8_graph, tmp_path_factory, monkeypat
     monkeypatch.setattr(schedules, "W16_MAX_BYTES", 0)
     pkg = compile_pkg(int8_graph, target="host", out_dir=tmp_path_factory.mktemp("w8"), plot=False,
                       measure_size=False)
-    assert "kiln_dot4_w8" in open(os.path.join(pkg.path, "kernels.c")).read()
+    src = open(os.path.join(pkg.path, "kernels.c")).read()
+    # dense: kiln_dot4_w8; convs: kiln_conv_s8 with weight bits 8 (-> kiln_dot4rq_w8)
+    assert "kiln_dot4_w8" in src or re.search(r"kiln_conv_s8\([^;]*, 8, \(&\(convq", src)
     for trial in range(3):
         x = i8((1, 7, 6, 8))
         for name, w, gt in zip(int8_graph.outputs, run(int8_graph, x), pkg.run(x)):
