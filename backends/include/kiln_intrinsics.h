@@ -480,4 +480,31 @@ static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int3
     }
 }
 
+/* ---- int8 ADD (TFLite reference: ops_elementwise._add_int8, DSP targets) ---------------------
+ * gemmlowp's SaturatingRoundingDoublingHighMul(a, m) = (a * m + 2^30) >> 31 is SMMULR(2a, m) when
+ * |2a| < 2^31; RoundingDivideByPOT(v, e) is (v + 2^(e-1) + (v >> 31)) >> e for e >= 1. Inputs
+ * are (x - z) << 20 with |x - z| <= 255 (< 2^28), the rescaled sum < 2^29: both exact. All
+ * shifts are right shifts (checked at compile time); arguments are constants at every call. */
+static inline int32_t kiln_srdhm_small(int32_t a, int32_t m)
+{
+#if KILN_HAVE_DSP
+    return kiln_smmulr(2 * a, m);
+#else
+    return (int32_t)(((int64_t)a * m + (1LL << 30)) >> 31);
+#endif
+}
+
+static inline int32_t kiln_rdbpot(int32_t v, int32_t e)
+{
+    return e ? (v + (1 << (e - 1)) + (v >> 31)) >> e : v;
+}
+
+static inline int32_t kiln_add_s8(int32_t x1, int32_t x2, int32_t k1, int32_t m1, int32_t e1, int32_t k2,
+                                  int32_t m2, int32_t e2, int32_t mo, int32_t eo, int32_t zo)
+{
+    const int32_t u1 = kiln_rdbpot(kiln_srdhm_small((x1 << 20) + k1, m1), e1);
+    const int32_t u2 = kiln_rdbpot(kiln_srdhm_small((x2 << 20) + k2, m2), e2);
+    return kiln_rdbpot(kiln_srdhm_small(u1 + u2, mo), eo) + zo;
+}
+
 #endif /* KILN_INTRINSICS_H */
