@@ -194,7 +194,10 @@ def _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty):
         return None
     lo, hi = qmath.activation_range(node.attrs["activation"], _scale(ty), zy)
     bits = schedules.weight_bits(O, wr.shape[1])
-    wp = k.const("w_packed", schedules.pack_weights(wr, 4))
+    Kp = -(-wr.shape[1] // 4) * 4     # kiln_conv_s8 zero-pads the patch to Kp: no tail loop
+    wpad = np.zeros((O, Kp), np.int8)
+    wpad[:, :wr.shape[1]] = wr
+    wp = k.const("w_packed", schedules.pack_w16(wpad, 4) if bits == 16 else schedules.pack_w8(wpad, 4))
     q = k.const("convq", schedules.conv_requant_table(folded, mult, shift, zy))
     k.schedule(lambda sch, out_block: None)
     return schedules.conv_fused_extern(x, wp, q, G, zx, lo, hi, bits)

@@ -371,8 +371,9 @@ static __attribute__((noinline, unused)) void kiln_dw_s8(const int8_t *x, int32_
 
 /* ---- fused conv (groups 1, dilation 1, C_out % 4 == 0): ops_nn._conv_dsp_fused ----------------
  * One call per output pixel: builds the pixel's padded patch [KH][KW][C] (in-bounds runs copied
- * a word at a time, out-of-bounds taps filled with the input zero point; no patch for 1x1
- * kernels, whose pixel is already contiguous), then per block of 4 output channels one call of
+ * a word at a time, out-of-bounds taps filled with the input zero point, the reduction
+ * zero-padded to a multiple of 4: the weights are packed from K rounded up, so no tail loop; no
+ * patch for 1x1 kernels with K % 4 == 0, whose pixel is already contiguous), then per block of 4 output channels one call of
  * kiln_dot4rq_w{16,8}: the dot product (zero point folded into the bias), then the
  * requantisation of kiln_dw_s8 while the accumulators are still in registers, SSAT/SEL clamp and
  * one 32-bit store. q: per block of 4 channels {bias x4, multiplier x4, half + (zy << shift) x4,
@@ -451,7 +452,9 @@ static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int3
                                                            int8_t *y)
 {
     const int8_t *a;
-    if (KH == 1 && KW == 1 && ih0 >= 0 && ih0 < H && iw0 >= 0 && iw0 < W) {
+    const int32_t kp = (K + 3) & ~3;
+    int32_t n = kp;
+    if (KH == 1 && KW == 1 && (K & 3) == 0 && ih0 >= 0 && ih0 < H && iw0 >= 0 && iw0 < W) {
         a = x + (ih0 * W + iw0) * C;
     } else {
         const uint32_t z4 = ((uint32_t)zx & 0xFFu) * 0x01010101u;
@@ -470,13 +473,13 @@ static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int3
                 if (right) kiln_fill_s8(p + left + mid, z4, right);
             }
         }
+        kiln_fill_s8(patch + K, 0, kp - K);   /* the reduction padded to a multiple of 4 (zero weights) */
         a = patch;
     }
-    const int32_t kp = (K + 3) & ~3;
     if (wbits == 16) {
-        for (int32_t ob = 0; ob < O; ob += 4, w += 8 * kp, q += 16, y += 4) kiln_dot4rq_w16(a, w, K, q, lo, hi, y);
+        for (int32_t ob = 0; ob < O; ob += 4, w += 8 * kp, q += 16, y += 4) kiln_dot4rq_w16(a, w, n, q, lo, hi, y);
     } else {
-        for (int32_t ob = 0; ob < O; ob += 4, w += 4 * kp, q += 16, y += 4) kiln_dot4rq_w8(a, w, K, q, lo, hi, y);
+        for (int32_t ob = 0; ob < O; ob += 4, w += 4 * kp, q += 16, y += 4) kiln_dot4rq_w8(a, w, n, q, lo, hi, y);
     }
 }
 
