@@ -51,6 +51,10 @@ def _int8_graph():
     conv("c_stride", "x", 12, 3, 3, 8, "none", padding="same", stride=[2, 2])
     conv("c_1x1", c1, 8, 1, 1, 16, "relu6")
     conv("c_odd", "x", 5, 2, 3, 8, "none", padding="valid", dilation=[1, 2])
+    # reductions that are not a multiple of 4 (5 input channels: 3x3 -> 45, 1x1 -> 5), as in the
+    # first convs of the shared models
+    conv("c_red45", "c_odd", 8, 3, 3, 5, "relu", padding="same")
+    conv("c_red5", "c_odd", 4, 1, 1, 5, "none")
     conv("c_dw", c1, 16, 3, 3, 1, "relu", groups=16, padding="same")
     conv("c_dw_mult", "x", 16, 3, 3, 1, "none", groups=8, padding="same", stride=[2, 2])
     # depth multiplier 1 on DSP targets: kiln_dw_s8 (border pixels, strides, dilation, other sizes)
