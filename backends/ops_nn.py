@@ -107,12 +107,10 @@ def lower_conv2d(k, node, xs):
         zw = tw.quant.zero_point
         if any(z != 0 for z in zw):
             k.fail("int8 conv2d needs symmetric weights (weight zero point 0)")
-        acc_dt = "int32"
         pad_val = tirx.const(zx, tx.dtype)
     else:
         if tx.dtype != F32:
             k.fail(f"conv2d on {tx.dtype} is not supported (float32 or quantised int8)")
-        acc_dt = F32
         pad_val = tirx.const(0.0, F32)
     xp = te.compute((G["N"], G["H"] + G["pt"] + G["pb"], G["W"] + G["pl"] + G["pr"], G["C"]),
                     lambda n, h, ww, ch: tirx.if_then_else(_inb(h, ww, G), x[n, h - G["pt"], ww - G["pl"], ch], pad_val),
@@ -167,6 +165,19 @@ def lower_conv2d(k, node, xs):
                                                                a["activation"]), name="conv")
 
 
+def _const_weights_bias(k, node, O):
+    """(weights, int64 bias[O]) when both are compile-time constants (no bias: zeros), else None."""
+    w = k.value(node.inputs[1])
+    if w is None:
+        return None
+    if len(node.inputs) < 3:
+        return w, np.zeros(O, np.int64)
+    b = k.value(node.inputs[2])
+    if b is None:
+        return None
+    return w, np.asarray(b, np.int64).reshape(-1)
+
+
 def _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty):
     """int8 groups-1 conv on DSP cores, one ``kiln_conv_s8`` call per output pixel
     (``schedules.conv_fused_extern``): None when it does not apply (weights/bias not constant,
@@ -174,16 +185,11 @@ def _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty):
     requantisation shortcut does not allow, an input that is not a kernel argument)."""
     if not isinstance(x.op, te.PlaceholderOp) or G["O"] % 4 or G["dh"] != 1 or G["dw"] != 1:
         return None
-    w = k.value(node.inputs[1])
-    if w is None:
-        return None
     O = G["O"]
-    bias = np.zeros(O, np.int64)
-    if len(node.inputs) >= 3:
-        b = k.value(node.inputs[2])
-        if b is None:
-            return None
-        bias = np.asarray(b, np.int64).reshape(-1)
+    wb = _const_weights_bias(k, node, O)
+    if wb is None:
+        return None
+    w, bias = wb
     wr = np.asarray(w).reshape(O, -1)
     mult, shift = qmath.linear_requant(tx, tw, ty, O)
     zy = _zp(ty)
@@ -209,16 +215,11 @@ def _depthwise_dsp(k, node, x, G, zx, tx, tw, ty):
     kernel argument)."""
     if not isinstance(x.op, te.PlaceholderOp):
         return None
-    w = k.value(node.inputs[1])
-    if w is None:
-        return None
     O = G["O"]
-    bias = np.zeros(O, np.int64)
-    if len(node.inputs) >= 3:
-        b = k.value(node.inputs[2])
-        if b is None:
-            return None
-        bias = np.asarray(b, np.int64).reshape(-1)
+    wb = _const_weights_bias(k, node, O)
+    if wb is None:
+        return None
+    w, bias = wb
     mult, shift = qmath.linear_requant(tx, tw, ty, O)
     wc = np.asarray(w).reshape(O, G["KH"] * G["KW"])
     zy = _zp(ty)
