@@ -29,6 +29,15 @@ def need_int8(t, what, op):
         raise ShapeError(f"{op}: int8 reference needs an int8 {what}, got {t}")
 
 
+def int8_io(in_types, out_type, op, n=1):
+    """Check that inputs 0..n-1 are per-tensor int8 and return their (scale, zero_point) pairs
+    followed by the output's: ``(s_in, z_in), (s_out, z_out) = int8_io(...)``."""
+    names = ["input"] if n == 1 else [f"input {k}" for k in range(n)]
+    for t, what in zip(in_types, names):
+        need_int8(t, what, op)
+    return [per_tensor(t, what, op) for t, what in zip(in_types, names)] + [per_tensor(out_type, "output", op)]
+
+
 def channel_params(t, n, op):
     """Per-output-channel (scales, zero points) of a weight tensor, broadcast to ``n`` channels."""
     q = t.quant

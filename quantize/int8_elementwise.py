@@ -15,7 +15,7 @@ from kiln.frontend.errors import ShapeError
 from kiln.frontend.registry import defrule
 
 from . import fixedpoint as fp
-from ._qutil import clamp8, f32, need_int8, per_tensor
+from ._qutil import clamp8, f32, int8_io
 
 ADD_LEFT_SHIFT = 20
 
@@ -31,11 +31,7 @@ def add_params(s1, s2, s_out):
 
 @defrule("add", "int8_ref")
 def add_int8(xs, attrs, in_types, out_type):
-    for k in (0, 1):
-        need_int8(in_types[k], f"input {k}", "add")
-    s1, z1 = per_tensor(in_types[0], "input 0", "add")
-    s2, z2 = per_tensor(in_types[1], "input 1", "add")
-    so, zo = per_tensor(out_type, "output", "add")
+    (s1, z1), (s2, z2), (so, zo) = int8_io(in_types, out_type, "add", 2)
     (m1, e1), (m2, e2), (mo, eo) = add_params(s1, s2, so)
     a = (xs[0].astype(np.int64) - z1) << ADD_LEFT_SHIFT
     b = (xs[1].astype(np.int64) - z2) << ADD_LEFT_SHIFT
@@ -51,11 +47,7 @@ def mul_params(s1, s2, s_out):
 
 @defrule("mul", "int8_ref")
 def mul_int8(xs, attrs, in_types, out_type):
-    for k in (0, 1):
-        need_int8(in_types[k], f"input {k}", "mul")
-    s1, z1 = per_tensor(in_types[0], "input 0", "mul")
-    s2, z2 = per_tensor(in_types[1], "input 1", "mul")
-    so, zo = per_tensor(out_type, "output", "mul")
+    (s1, z1), (s2, z2), (so, zo) = int8_io(in_types, out_type, "mul", 2)
     m, e = mul_params(s1, s2, so)
     prod = fp.wrap_int32((xs[0].astype(np.int64) - z1) * (xs[1].astype(np.int64) - z2))
     return clamp8(fp.multiply_by_quantized_multiplier(prod, m, e) + zo)
@@ -63,9 +55,7 @@ def mul_int8(xs, attrs, in_types, out_type):
 
 def _relu_x(op, act):
     def rule(xs, attrs, in_types, out_type):
-        need_int8(in_types[0], "input", op)
-        si, zi = per_tensor(in_types[0], "input", op)
-        so, zo = per_tensor(out_type, "output", op)
+        (si, zi), (so, zo) = int8_io(in_types, out_type, op)
         m, e = fp.quantize_multiplier(float(np.float32(si) / np.float32(so)))  # float32 division, as TFLite
         lo, hi = fp.activation_range(act, so, zo)
         y = fp.multiply_by_quantized_multiplier(xs[0].astype(np.int64) - zi, m, e) + zo
@@ -80,9 +70,7 @@ _relu_x("relu6", "relu6")
 
 def _lut(op, fn):
     def rule(xs, attrs, in_types, out_type):
-        need_int8(in_types[0], "input", op)
-        si, zi = per_tensor(in_types[0], "input", op)
-        so, zo = per_tensor(out_type, "output", op)
+        (si, zi), (so, zo) = int8_io(in_types, out_type, op)
         if fn == "logistic" and so != 1.0 / 256:
             raise ShapeError(f"{op}: TFLite's int8 LOGISTIC needs output scale 1/256, got {so}")
         table = fp.lut_int8(fn, si, zi, so, zo)
@@ -125,9 +113,7 @@ def softmax_int8_rows(x, input_scale, beta=1.0):
 
 @defrule("softmax", "int8_ref")
 def softmax_int8(xs, attrs, in_types, out_type):
-    need_int8(in_types[0], "input", "softmax")
-    si, _ = per_tensor(in_types[0], "input", "softmax")
-    so, zo = per_tensor(out_type, "output", "softmax")
+    (si, _), (so, zo) = int8_io(in_types, out_type, "softmax")
     if zo != -128 or abs(so - 1.0 / 256) > 0.001 / 256:
         raise ShapeError(f"softmax: TFLite's int8 softmax needs output scale 1/256 and zero point -128, "
                          f"got {out_type}")

@@ -17,7 +17,7 @@ from kiln.frontend.ops.nn import conv2d_nobias
 from kiln.frontend.registry import defrule
 
 from . import fixedpoint as fp
-from ._qutil import channel_params, clamp8, f32, need_int8, per_tensor
+from ._qutil import channel_params, clamp8, f32, int8_io, need_int8
 
 
 def requantize_params(in_scale, w_scales, out_scale, per_channel=True):
@@ -53,10 +53,8 @@ def _bias(xs, op, n):
 @defrule("conv2d", "int8_ref")
 def conv2d_int8(xs, attrs, in_types, out_type):
     x, w = xs[0], xs[1]
-    need_int8(in_types[0], "input", "conv2d")
+    (s_in, z_in), (s_out, z_out) = int8_io(in_types[:1], out_type, "conv2d")
     need_int8(in_types[1], "weight", "conv2d")
-    s_in, z_in = per_tensor(in_types[0], "input", "conv2d")
-    s_out, z_out = per_tensor(out_type, "output", "conv2d")
     O = w.shape[0]
     ws, wz, _ = channel_params(in_types[1], O, "conv2d")
     xf = x.astype(np.float64) - z_in
@@ -69,10 +67,8 @@ def conv2d_int8(xs, attrs, in_types, out_type):
 @defrule("dense", "int8_ref")
 def dense_int8(xs, attrs, in_types, out_type):
     x, w = xs[0], xs[1]
-    need_int8(in_types[0], "input", "dense")
+    (s_in, z_in), (s_out, z_out) = int8_io(in_types[:1], out_type, "dense")
     need_int8(in_types[1], "weight", "dense")
-    s_in, z_in = per_tensor(in_types[0], "input", "dense")
-    s_out, z_out = per_tensor(out_type, "output", "dense")
     N = w.shape[0]
     ws, wz, per_channel = channel_params(in_types[1], N, "dense")
     xf = x.astype(np.float64) - z_in

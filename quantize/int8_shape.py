@@ -18,7 +18,7 @@ from kiln.frontend.ops._util import norm_axes
 from kiln.frontend.registry import defrule, get_op
 
 from . import fixedpoint as fp
-from ._qutil import clamp8, f32, need_int8, per_tensor, trunc_div
+from ._qutil import clamp8, f32, int8_io, need_int8, per_tensor, trunc_div
 
 
 def _same_quant(t_in, t_out, op):
@@ -75,9 +75,7 @@ def mean_params(in_scale, out_scale, count):
 
 @defrule("mean", "int8_ref")
 def mean_int8(xs, attrs, in_types, out_type):
-    need_int8(in_types[0], "input", "mean")
-    si, zi = per_tensor(in_types[0], "input", "mean")
-    so, zo = per_tensor(out_type, "output", "mean")
+    (si, zi), (so, zo) = int8_io(in_types, out_type, "mean")
     x = xs[0].astype(np.int64)
     axes = norm_axes(attrs["axes"], x.ndim, "mean")
     count = int(np.prod([x.shape[a] for a in axes])) if axes else 1
