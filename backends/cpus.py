@@ -17,6 +17,7 @@ class TargetSpec:
     dsp: bool
     cflags: tuple = ()            # arm-none-eabi-gcc flags ("" for host)
     float_hw: bool = False
+    optimize: str = "size"        # "size" | "speed": weight storage, schedules.weight_bits
 
     @property
     def is_host(self):
@@ -38,9 +39,19 @@ TARGETS = {t.name: t for t in [
 ]}
 
 
-def get(name) -> TargetSpec:
+def get(name, optimize=None) -> TargetSpec:
     if isinstance(name, TargetSpec):
-        return name
+        return name if optimize is None else dataclasses.replace(name, optimize=_optimize(optimize))
     if name not in TARGETS:
         raise KilnError(f"unknown C backend target {name!r}; known: {', '.join(TARGETS)}")
-    return TARGETS[name]
+    t = TARGETS[name]
+    return t if optimize is None else dataclasses.replace(t, optimize=_optimize(optimize))
+
+
+OPTIMIZE = ("size", "speed")
+
+
+def _optimize(value):
+    if value not in OPTIMIZE:
+        raise KilnError(f"--optimize must be one of {', '.join(OPTIMIZE)}, got {value!r}")
+    return value

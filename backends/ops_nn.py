@@ -148,7 +148,7 @@ def lower_conv2d(k, node, xs):
             bound = schedules.acc_bound(np.asarray(k.value(node.inputs[1])).reshape(O, -1), bvals, zx)
         acc, patch, folded, zx_k = schedules.conv_patch_compute(k, node, xp, G, zx)
         bias = folded if folded is not None else bias
-        k.schedule(schedules.dsp_conv_schedule(G, zx_k, patch is not None))
+        k.schedule(schedules.dsp_conv_schedule(G, zx_k, patch is not None, k.target.optimize))
     else:
         kc = te.reduce_axis((0, I), "kc")
         acc = te.compute((G["N"], G["oh"], G["ow"], O),
@@ -179,11 +179,11 @@ def _const_weights_bias(k, node, O):
 
 
 def _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty):
-    """int8 groups-1 conv on DSP cores, one ``kiln_conv_s8`` call per output pixel
+    """int8 groups-1 conv on DSP cores, one ``kiln_conv_s8`` call per image
     (``schedules.conv_fused_extern``): None when it does not apply (weights/bias not constant,
-    C_out % 4, dilation, the zero point not foldable, a left shift or an accumulator bound the
+    C_out odd, dilation, the zero point not foldable, a left shift or an accumulator bound the
     requantisation shortcut does not allow, an input that is not a kernel argument)."""
-    if not isinstance(x.op, te.PlaceholderOp) or G["O"] % 4 or G["dh"] != 1 or G["dw"] != 1:
+    if not isinstance(x.op, te.PlaceholderOp) or G["O"] % 2 or G["dh"] != 1 or G["dw"] != 1:
         return None
     O = G["O"]
     wb = _const_weights_bias(k, node, O)
@@ -199,14 +199,14 @@ def _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty):
     if np.abs(folded).max(initial=0) >= 2 ** 31:
         return None
     lo, hi = qmath.activation_range(node.attrs["activation"], _scale(ty), zy)
-    bits = schedules.weight_bits(O, wr.shape[1])
-    Kp = -(-wr.shape[1] // 4) * 4     # kiln_conv_s8 zero-pads the patch to Kp: no tail loop
+    Kp = -(-wr.shape[1] // 4) * 4     # the patch is zero-padded to Kp: no tail loop
     wpad = np.zeros((O, Kp), np.int8)
     wpad[:, :wr.shape[1]] = wr
-    wp = k.const("w_packed", schedules.pack_w16(wpad, 4) if bits == 16 else schedules.pack_w8(wpad, 4))
-    q = k.const("convq", schedules.conv_requant_table(folded, mult, shift, zy))
+    bits = schedules.weight_bits(O, wr.shape[1], k.target.optimize)
+    wp = k.const("w_packed", schedules.pack_w16(wpad, 2) if bits == 16 else schedules.pack_w8(wpad, 2))
+    q = k.const("convq", schedules.conv_requant_table(folded, mult, shift))
     k.schedule(lambda sch, out_block: None)
-    return schedules.conv_fused_extern(x, wp, q, G, zx, lo, hi, bits)
+    return schedules.conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits)
 
 
 def _depthwise_dsp(k, node, x, G, zx, tx, tw, ty):
@@ -258,7 +258,7 @@ def lower_dense(k, node, xs):
                 bound = schedules.acc_bound(np.asarray(k.value(node.inputs[1])).reshape(N, K), bvals, zx)
             acc, folded, zx_k = schedules.dense_dot_compute(k, node, x, lead, N, K, zx)
             bias = folded if folded is not None else bias
-            k.schedule(schedules.dsp_dense_schedule(K, zx_k, N))
+            k.schedule(schedules.dsp_dense_schedule(K, zx_k, N, k.target.optimize))
         else:
             acc = te.compute(lead + (N,), lambda *i: te.sum(
                 (x[i[:-1] + (kk,)].astype("int32") - c(zx)) * (w[i[-1], kk].astype("int32") - c(zw)), axis=[kk]),

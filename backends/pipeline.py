@@ -223,6 +223,7 @@ def emit_package(st):
             pass
     st["manifest"] = dict(
         format="kiln-c-package", version=1, model=st["model_name"], target=target.name, dsp=target.dsp,
+        optimize=target.optimize,
         arena_bytes=p.arena_bytes, arena_peak=p.peak, planner=p.strategy, planner_tried=p.tried,
         weight_bytes=weight_bytes, inputs=inputs, outputs=outputs,
         input_bytes=sum(t["bytes"] for t in inputs), output_bytes=sum(t["bytes"] for t in outputs),
@@ -274,12 +275,15 @@ def code_size(pkg_dir, target, opt="-O2"):
 PIPELINE = [load, prepare, check_supported, fuse, lower, plan, check_budget, emit_package, measure]
 
 
-def compile(graph_or_path, target="cortex-m4", out_dir=None, ram_budget=None, plot=True, measure_size=True):
-    """Compile a model (Graph, .json or .tflite) to a C package in ``out_dir``."""
+def compile(graph_or_path, target="cortex-m4", out_dir=None, ram_budget=None, plot=True, measure_size=True,
+            optimize="size"):
+    """Compile a model (Graph, .json or .tflite) to a C package in ``out_dir``. ``optimize``:
+    "size" (int8 weights everywhere, the default) or "speed" (int16-packed weights for layers
+    up to schedules.W16_MAX_BYTES: fewer instructions, more flash)."""
     t0 = time.time()
     if out_dir is None:
         out_dir = tempfile.mkdtemp(prefix="kiln_pkg_")
-    st = dict(source=graph_or_path, target=cpus.get(target), out_dir=os.fspath(out_dir), ram_budget=ram_budget,
+    st = dict(source=graph_or_path, target=cpus.get(target, optimize), out_dir=os.fspath(out_dir), ram_budget=ram_budget,
               plot=plot, measure=measure_size)
     for p in PIPELINE:
         p(st)

@@ -52,13 +52,18 @@ def pack_w16(w2, nb):
     return packed.view(np.int8).reshape(O, packed_cols(K))
 
 
-# Layers whose int8 weights are at most this many bytes keep the int16 packing (pack_w16,
-# 17 instructions / 16 MACs); larger ones store int8 (pack_w8, half the flash, 21 / 16 MACs).
+# Weight storage (the C backend's ``optimize`` setting, cpus.TargetSpec): "size" stores every
+# conv/dense weight as int8 (pack_w8); "speed" keeps layers whose int8 weights are at most
+# W16_MAX_BYTES in the int16 packing (pack_w16: no sign extension in the inner loop, twice the
+# flash). docs/backend.md "Schedules" has the measured trade-off.
 W16_MAX_BYTES = 4096
+OPTIMIZE = ("size", "speed")
 
 
-def weight_bits(O, K):
-    return 16 if O * K <= W16_MAX_BYTES else 8
+def weight_bits(O, K, optimize="size"):
+    if optimize not in OPTIMIZE:
+        raise ValueError(f"optimize must be one of {OPTIMIZE}, got {optimize!r}")
+    return 16 if optimize == "speed" and O * K <= W16_MAX_BYTES else 8
 
 
 def pack_w8(w2, nb):
@@ -74,9 +79,9 @@ def pack_w8(w2, nb):
     return np.ascontiguousarray(out).reshape(O, Kp)
 
 
-def pack_weights(wr, nb):
+def pack_weights(wr, nb, optimize="size"):
     O, K = wr.shape
-    return pack_w16(wr, nb) if weight_bits(O, K) == 16 else pack_w8(wr, nb)
+    return pack_w16(wr, nb) if weight_bits(O, K, optimize) == 16 else pack_w8(wr, nb)
 
 
 def dotw_intrin(K, zx, nb, bits=16):
@@ -176,7 +181,7 @@ def conv_patch_compute(k, node, xp, G, zx):
     Kr = KH * KW * I
     wr = np.asarray(warr).reshape(O, Kr)
     bias, zx_k = fold_zero_point(k, node, wr, zx)
-    w2 = k.const("w_packed", pack_weights(wr, channel_block(O)))
+    w2 = k.const("w_packed", pack_weights(wr, channel_block(O), k.target.optimize))
     sh, sw, dh, dw = G["sh"], G["sw"], G["dh"], G["dw"]
     direct = KH == 1 and KW == 1 and sh == 1 and sw == 1 and not (G["pt"] or G["pb"] or G["pl"] or G["pr"])
     r = te.reduce_axis((0, Kr), "r")
@@ -225,11 +230,11 @@ def _tensorize_acc(sch, intrin, nb):
     sch.tensorize(sch.get_loops(sch.get_sblock("acc_update"))[at], intrin)
 
 
-def dsp_conv_schedule(G, zx, has_patch):
+def dsp_conv_schedule(G, zx, has_patch, optimize="size"):
     KH, KW, I = G["KH"], G["KW"], G["I"]
     Kr = KH * KW * I
     nb = channel_block(G["O"])
-    intrin = dotw_intrin(Kr, zx, nb, weight_bits(G["O"], Kr))
+    intrin = dotw_intrin(Kr, zx, nb, weight_bits(G["O"], Kr, optimize))
 
     def sched(sch, out_block):
         _inline_rest(sch, {out_block, "acc", "patch"})
@@ -246,15 +251,15 @@ def dense_dot_compute(k, node, x, lead, N, K, zx):
     """Returns (acc, folded bias or None, zero point the kernel still subtracts)."""
     wr = np.asarray(k.value(node.inputs[1])).reshape(N, K)
     bias, zx_k = fold_zero_point(k, node, wr, zx)
-    w2 = k.const("w_packed", pack_weights(wr, channel_block(N)))
+    w2 = k.const("w_packed", pack_weights(wr, channel_block(N), k.target.optimize))
     r = te.reduce_axis((0, K), "r")
     return te.compute(tuple(lead) + (N,), lambda *i: te.sum(
         (x[i[:-1] + (r,)].astype("int32") - c(zx_k)) * w2[i[-1], r].astype("int32"), axis=[r]), name="acc"), bias, zx_k
 
 
-def dsp_dense_schedule(K, zx, N):
+def dsp_dense_schedule(K, zx, N, optimize="size"):
     nb = channel_block(N)
-    intrin = dotw_intrin(K, zx, nb, weight_bits(N, K))
+    intrin = dotw_intrin(K, zx, nb, weight_bits(N, K, optimize))
 
     def sched(sch, out_block):
         _inline_rest(sch, {out_block, "acc"})
@@ -369,37 +374,41 @@ def requant_bound_ok(bound, mult, shift, zy):
     return bool((2 * bound < 2 ** 31).all() and (v + halfz < 2 ** 31).all())
 
 
-# ---- fused conv on DSP cores: TVM loops over output pixels, kiln_conv_s8 per pixel -----------
-def conv_requant_table(bias, mult, shift, zy):
-    """Per block of 4 channels {bias x4, multiplier x4, half + (zy << shift) x4, right shift x4}
-    (the bias not doubled: kiln_rq4_store doubles the accumulator)."""
-    tab = dw_requant_table(bias, mult, shift, zy).reshape(-1, 4, 4).copy()
-    tab[:, 0, :] = np.asarray(bias, np.int64).reshape(-1, 4)
-    return tab.reshape(-1).astype(np.int32)
+# ---- fused conv on DSP cores: TVM loops over output rows, kiln_conv_row_s8 per row --------------
+def conv_requant_table(bias, mult, shift):
+    """int32 words: per block of 2 channels {bias0, bias1, mult0, mult1}, then one byte per
+    channel holding e = -shift, the right shift 1..31 (padded to a whole word; the output zero
+    point is a kernel argument: kiln_conv_s8). 9 bytes per channel."""
+    bias = np.asarray(bias, np.int64).reshape(-1, 2)
+    mult = np.asarray(mult, np.int64).reshape(-1, 2)
+    e = -np.asarray(shift, np.int64).reshape(-1)
+    if (e < 1).any() or (e > 31).any():
+        raise ValueError("conv_requant_table needs right shifts 1..31 (requant_bound_ok)")
+    words = np.concatenate([bias, mult], axis=1).reshape(-1).astype("<i4")
+    eb = np.zeros(-(-e.size // 4) * 4, np.uint8)
+    eb[:e.size] = e
+    return np.concatenate([words, eb.view("<i4")]).astype(np.int32)
 
 
-def conv_fused_extern(x, wp, q, G, zx, lo, hi, bits):
-    """A groups-1 int8 conv as a TVM loop nest over output pixels, each pixel one call of
-    ``kiln_conv_s8`` (patch, dot products, requantisation and store; kiln_intrinsics.h). The
-    patch is a kernel-local buffer (lifted into the arena when large, tirc.lift_scratch)."""
+def conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits):
+    """A groups-1 int8 conv as one call of ``kiln_conv_s8`` per image (patches of pixel pairs,
+    2x2 dot-product tiles, requantisation and store; kiln_intrinsics.h). The patch pair is a
+    kernel-local buffer (lifted into the arena when large, tirc.lift_scratch)."""
     N, H, W, C = G["N"], G["H"], G["W"], G["C"]
     oh, ow, KH, KW, O = G["oh"], G["ow"], G["KH"], G["KW"], G["O"]
-    sh, sw, pt, pl = G["sh"], G["sw"], G["pt"], G["pl"]
     K = KH * KW * C
 
     def fcompute(ins, outs):
         xb, wb, qb = ins
         yb = outs[0]
-        patch = tirx.decl_buffer(((K + 3) // 4 * 4,), "int8", name="patch")
-        n, i, j = (tirx.Var(v, "int32") for v in ("n", "i", "j"))
-        yoff = ((n * c(oh) + i) * c(ow) + j) * c(O)
+        patch = tirx.decl_buffer((2 * ((K + 3) // 4 * 4) + 8,), "int8", name="patch")
+        n = tirx.Var("n", "int32")
         call = tirx.call_extern("void", "kiln_conv_s8", xb.access_ptr("r", offset=n * c(H * W * C)),
-                                i * c(sh) - c(pt), j * c(sw) - c(pl), c(H), c(W), c(C), c(KH), c(KW), c(zx),
-                                patch.access_ptr("w"), wb.access_ptr("r"), c(K), c(O), c(bits),
-                                qb.access_ptr("r"), c(lo), c(hi), yb.access_ptr("w", offset=yoff))
-        body = tirx.Evaluate(call)
-        for v, ext in reversed([(n, N), (i, oh), (j, ow)]):
-            body = tirx.For(v, c(0), c(ext), tirx.ForKind.SERIAL, body)
+                                c(H), c(W), c(C), c(KH), c(KW), c(G["sh"]), c(G["sw"]), c(G["pt"]), c(G["pl"]),
+                                c(oh), c(ow), c(zx), patch.access_ptr("w"), wb.access_ptr("r"), c(K), c(O), c(bits),
+                                qb.access_ptr("r"), c(zy), c(lo), c(hi),
+                                yb.access_ptr("w", offset=n * c(oh * ow * O)))
+        body = tirx.For(n, c(0), c(N), tirx.ForKind.SERIAL, tirx.Evaluate(call))
         return tirx.SeqStmt([tirx.AllocBuffer(patch), body])
     bufs = [tirx.decl_buffer(t.shape, t.dtype, name=t.op.name, elem_offset=0) for t in (x, wp, q)]
     yb = tirx.decl_buffer((N, oh, ow, O), "int8", name="conv", elem_offset=0)

@@ -369,22 +369,24 @@ static __attribute__((noinline, unused)) void kiln_dw_s8(const int8_t *x, int32_
     }
 }
 
-/* ---- fused conv (groups 1, dilation 1, C_out % 4 == 0): ops_nn._conv_dsp_fused ----------------
- * One call per output pixel: builds the pixel's padded patch [KH][KW][C] (in-bounds runs copied
- * a word at a time, out-of-bounds taps filled with the input zero point, the reduction
- * zero-padded to a multiple of 4: the weights are packed from K rounded up, so no tail loop; no
- * patch for 1x1 kernels with K % 4 == 0, whose pixel is already contiguous), then per block of 4 output channels one call of
- * kiln_dot4rq_w{16,8}: the dot product (zero point folded into the bias), then the
- * requantisation of kiln_dw_s8 while the accumulators are still in registers, SSAT/SEL clamp and
- * one 32-bit store. q: per block of 4 channels {bias x4, multiplier x4, half + (zy << shift) x4,
- * right shift x4}; schedules.requant_bound_ok holds (checked at compile time). */
-static inline void kiln_rq4_store(int32_t s0, int32_t s1, int32_t s2, int32_t s3, const int32_t *q,
-                                  int32_t lo, int32_t hi, int8_t *y)
+/* ---- fused conv (groups 1, dilation 1, C_out % 2 == 0): ops_nn._conv_dsp_fused ----------------
+ * One call per output row (schedules.conv_fused_extern). Output pixels go in pairs: for each
+ * pair the two padded patches [KH][KW][C] (in-bounds runs copied a word at a time when C % 4 == 0,
+ * out-of-bounds taps filled with the input zero point, the reduction zero-padded to a multiple
+ * of 4) are written interleaved, per group of 4 reduction indices pixel 0's 4 bytes then pixel
+ * 1's, so one LDRD reads both. Then per block of 2 output channels one call of kiln_dot2x2rq_w8:
+ * a 2-channel x 2-pixel tile (4 accumulators; the weights are int8, packed by schedules.pack_w8
+ * with nb = 2: per group of 4 reduction indices channel 0's 4 weights then channel 1's), so each
+ * weight word is sign-extended once (SXTB16, SXTB16 ROR #8) for two pixels and each input word
+ * once for two channels: per 16 MACs two LDRD, eight SXTB16, eight SMLAD. Odd rows end with the
+ * last pixel in both slots (its outputs are written twice, to the same place).
+ * q: per block of 2 channels {bias0, bias1, mult0, mult1} (int32), then one byte per channel:
+ * e, the right shift (>= 1); zh = 1 + 2 * zy, so half + (zy << e) = zh << (e - 1). Requantisation as kiln_dw_s8
+ * (exact: schedules.requant_bound_ok holds, checked at compile time). */
+
+/* four requantised outputs -> int8 clamped to [lo, hi], bytes y0 y1 y2 y3 of one word */
+static inline uint32_t kiln_pack4_clamp(int32_t y0, int32_t y1, int32_t y2, int32_t y3, int32_t lo, int32_t hi)
 {
-    const int32_t y0 = kiln_dw_requant(2 * s0, q[4], q[8], q[12]);
-    const int32_t y1 = kiln_dw_requant(2 * s1, q[5], q[9], q[13]);
-    const int32_t y2 = kiln_dw_requant(2 * s2, q[6], q[10], q[14]);
-    const int32_t y3 = kiln_dw_requant(2 * s3, q[7], q[11], q[15]);
 #if KILN_HAVE_DSP
     const uint32_t lo4 = ((uint32_t)lo & 0xFFu) * 0x01010101u, hi4 = ((uint32_t)hi & 0xFFu) * 0x01010101u;
     const uint32_t t02 = __uxtb16(kiln_pkhbt16((uint32_t)__ssat(y0, 8), (uint32_t)__ssat(y2, 8)));
@@ -393,93 +395,198 @@ static inline void kiln_rq4_store(int32_t s0, int32_t s1, int32_t s2, int32_t s3
     (void)__ssub8(packed, lo4);
     packed = __sel(packed, lo4);
     (void)__ssub8(hi4, packed);
-    packed = __sel(packed, hi4);
+    return __sel(packed, hi4);
 #else
-    const uint32_t packed = ((uint32_t)kiln_clamp_i32(y0, lo, hi) & 0xFFu) |
-                            (((uint32_t)kiln_clamp_i32(y1, lo, hi) & 0xFFu) << 8) |
-                            (((uint32_t)kiln_clamp_i32(y2, lo, hi) & 0xFFu) << 16) |
-                            ((uint32_t)kiln_clamp_i32(y3, lo, hi) << 24);
+    return ((uint32_t)kiln_clamp_i32(y0, lo, hi) & 0xFFu) | (((uint32_t)kiln_clamp_i32(y1, lo, hi) & 0xFFu) << 8) |
+           (((uint32_t)kiln_clamp_i32(y2, lo, hi) & 0xFFu) << 16) | ((uint32_t)kiln_clamp_i32(y3, lo, hi) << 24);
 #endif
-    __builtin_memcpy(y, &packed, sizeof packed);
 }
 
-#define KILN_DEF_DOTRQ(NAME, WSTEP, MAC4, TL)                                                  \
-    static __attribute__((noinline, unused)) void NAME(const int8_t *a, const int8_t *wp, int32_t n, \
-                                                       const int32_t *q, int32_t lo, int32_t hi,  \
-                                                       int8_t *y)                                 \
+/* requantise acc (not doubled) with multiplier m, right shift e >= 1, zh = 1 + 2 * zy */
+static inline int32_t kiln_rq_e(int32_t acc, int32_t m, int32_t e, int32_t zh)
+{
+    return kiln_dw_requant(2 * acc, m, (int32_t)((uint32_t)zh << (e - 1)), e);
+}
+
+#if KILN_HAVE_DSP
+#define KILN_D22_STEP(OFF)                                                        \
+    do {                                                                          \
+        uint32_t a0_, a1_, w0_, w1_;                                              \
+        KILN_LDRD(a0_, a1_, a, (OFF));                                            \
+        KILN_LDRD(w0_, w1_, w, (OFF));                                            \
+        const uint32_t a0l_ = __sxtb16(a0_), a0h_ = kiln_sxtb16_ror8(a0_);        \
+        const uint32_t a1l_ = __sxtb16(a1_), a1h_ = kiln_sxtb16_ror8(a1_);        \
+        uint32_t wl_ = __sxtb16(w0_), wh_ = kiln_sxtb16_ror8(w0_);                \
+        s00 = (int32_t)__smlad(a0l_, wl_, s00);                                   \
+        s00 = (int32_t)__smlad(a0h_, wh_, s00);                                   \
+        s10 = (int32_t)__smlad(a1l_, wl_, s10);                                   \
+        s10 = (int32_t)__smlad(a1h_, wh_, s10);                                   \
+        wl_ = __sxtb16(w1_);                                                      \
+        wh_ = kiln_sxtb16_ror8(w1_);                                              \
+        s01 = (int32_t)__smlad(a0l_, wl_, s01);                                   \
+        s01 = (int32_t)__smlad(a0h_, wh_, s01);                                   \
+        s11 = (int32_t)__smlad(a1l_, wl_, s11);                                   \
+        s11 = (int32_t)__smlad(a1h_, wh_, s11);                                   \
+    } while (0)
+#else
+#define KILN_D22_STEP(OFF)                                                        \
+    do {                                                                          \
+        for (int32_t t_ = 0; t_ < 4; ++t_) {                                      \
+            const int32_t x0_ = a[(OFF) + t_], x1_ = a[(OFF) + 4 + t_];           \
+            const int32_t v0_ = w[(OFF) + t_], v1_ = w[(OFF) + 4 + t_];           \
+            s00 += x0_ * v0_;                                                     \
+            s01 += x0_ * v1_;                                                     \
+            s10 += x1_ * v0_;                                                     \
+            s11 += x1_ * v1_;                                                     \
+        }                                                                         \
+    } while (0)
+#endif
+
+#if KILN_HAVE_DSP
+/* int16 weights (pack_w16 with nb = 2: per group of 4 reduction indices and channel
+ * {w[k], w[k+2], w[k+1], w[k+3]}, the lanes SXTB16 / SXTB16 ROR #8 give from an input word) */
+#define KILN_D22W_STEP(OFF)                                                       \
+    do {                                                                          \
+        uint32_t a0_, a1_, w0_, w1_;                                              \
+        KILN_LDRD(a0_, a1_, a, (OFF));                                            \
+        const uint32_t a0l_ = __sxtb16(a0_), a0h_ = kiln_sxtb16_ror8(a0_);        \
+        const uint32_t a1l_ = __sxtb16(a1_), a1h_ = kiln_sxtb16_ror8(a1_);        \
+        KILN_LDRD(w0_, w1_, w, 2 * (OFF));                                        \
+        s00 = (int32_t)__smlad(a0l_, w0_, s00);                                   \
+        s00 = (int32_t)__smlad(a0h_, w1_, s00);                                   \
+        s10 = (int32_t)__smlad(a1l_, w0_, s10);                                   \
+        s10 = (int32_t)__smlad(a1h_, w1_, s10);                                   \
+        KILN_LDRD(w0_, w1_, w, 2 * (OFF) + 8);                                    \
+        s01 = (int32_t)__smlad(a0l_, w0_, s01);                                   \
+        s01 = (int32_t)__smlad(a0h_, w1_, s01);                                   \
+        s11 = (int32_t)__smlad(a1l_, w0_, s11);                                   \
+        s11 = (int32_t)__smlad(a1h_, w1_, s11);                                   \
+    } while (0)
+#else
+#define KILN_D22W_STEP(OFF)                                                       \
+    do {                                                                          \
+        static const int8_t perm_[4] = {0, 2, 1, 3};                              \
+        for (int32_t t_ = 0; t_ < 4; ++t_) {                                      \
+            const int32_t x0_ = a[(OFF) + t_], x1_ = a[(OFF) + 4 + t_];           \
+            const int32_t v0_ = kiln_w16_at(w, (OFF) + perm_[t_]);                \
+            const int32_t v1_ = kiln_w16_at(w, (OFF) + 4 + perm_[t_]);            \
+            s00 += x0_ * v0_;                                                     \
+            s01 += x0_ * v1_;                                                     \
+            s10 += x1_ * v0_;                                                     \
+            s11 += x1_ * v1_;                                                     \
+        }                                                                         \
+    } while (0)
+#endif
+
+/* a: the interleaved patch pair (8-byte aligned), w: the block's packed weights (8-byte
+ * aligned), n: the padded reduction length (a multiple of 4), q: the block's {bias0, bias1,
+ * mult0, mult1}, e01: e0 | e1 << 8; writes y0[0..1] and y1[0..1] */
+#define KILN_DEF_DOT2X2RQ(NAME, STEP, WSTEP)                                                  \
+    static __attribute__((noinline, unused)) void NAME(const int8_t *ap, const int8_t *wp, int32_t n, \
+                                                       const int32_t *q, int32_t e01, int32_t zh, \
+                                                       int32_t lo, int32_t hi, int8_t *y0, int8_t *y1) \
     {                                                                                        \
+        const int8_t *a = (const int8_t *)__builtin_assume_aligned(ap, 8);                   \
         const int8_t *w = (const int8_t *)__builtin_assume_aligned(wp, 8);                   \
-        const int zero_ = 1;                                                                 \
-        const int32_t a_offset = 0;                                                          \
-        int32_t i = 0;                                                                       \
-        int32_t s0 = q[0], s1 = q[1], s2 = q[2], s3 = q[3];                                  \
-        KILN_DOTW_OFF2;                                                                      \
-        (void)zero_;                                                                         \
-        (void)a_offset;                                                                      \
-        for (; i + 4 <= n; i += 4, w += (WSTEP)) {                                           \
-            KILN_DOTW_PREP();                                                                \
-            MAC4                                                                             \
+        const int8_t *const end = a + 2 * n;                                                 \
+        int32_t s00 = q[0], s01 = q[1], s10 = q[0], s11 = q[1];                              \
+        for (; a + 16 <= end; a += 16, w += 2 * (WSTEP)) {                                   \
+            STEP(0);                                                                         \
+            STEP(8);                                                                         \
         }                                                                                    \
-        KILN_DOTW_ACC4(TL)                                                                   \
-        kiln_rq4_store(s0, s1, s2, s3, q, lo, hi, y);                                        \
+        if (a < end) {                                                                       \
+            STEP(0);                                                                         \
+        }                                                                                    \
+        const int32_t m0 = q[2], m1 = q[3], e0 = e01 & 0xFF, e1 = e01 >> 8;                  \
+        const uint32_t v = kiln_pack4_clamp(kiln_rq_e(s00, m0, e0, zh), kiln_rq_e(s01, m1, e1, zh), \
+                                            kiln_rq_e(s10, m0, e0, zh), kiln_rq_e(s11, m1, e1, zh), lo, hi); \
+        const uint16_t v0 = (uint16_t)v, v1 = (uint16_t)(v >> 16);                           \
+        __builtin_memcpy(y0, &v0, sizeof v0);                                                \
+        __builtin_memcpy(y1, &v1, sizeof v1);                                                \
     }
-KILN_DEF_DOTRQ(kiln_dot4rq_w16, 32, KILN_DOTW_ACC4(KILN_DOTW_MAC), KILN_DOTW_TL)
-KILN_DEF_DOTRQ(kiln_dot4rq_w8, 16, KILN_DOTW8_MAC4, KILN_DOTW8_TL)
+KILN_DEF_DOT2X2RQ(kiln_dot2x2rq_w8, KILN_D22_STEP, 8)
+KILN_DEF_DOT2X2RQ(kiln_dot2x2rq_w16, KILN_D22W_STEP, 16)
 
-/* n bytes (n % 4 == 0 when word) from src to dst / n bytes of value v4 (4 copies of a byte) */
-static inline void kiln_copy_s8(int8_t *dst, const int8_t *src, int32_t n)
+/* n bytes of the row src (or of the fill word v4 when src is NULL) into patch slot `slot` of an
+ * interleaved pair at reduction index k (see above); out of line, like kiln_patch_s8 (flash) */
+static __attribute__((noinline, unused)) void kiln_put_s8(int8_t *pair, int32_t slot, int32_t k, const int8_t *src, uint32_t v4, int32_t n)
 {
-    int32_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        const uint32_t v = kiln_read_s8x4(src + i);
-        __builtin_memcpy(dst + i, &v, sizeof v);
-    }
-    for (; i < n; ++i) dst[i] = src[i];
-}
-
-static inline void kiln_fill_s8(int8_t *dst, uint32_t v4, int32_t n)
-{
-    int32_t i = 0;
-    for (; i + 4 <= n; i += 4) __builtin_memcpy(dst + i, &v4, sizeof v4);
-    for (; i < n; ++i) dst[i] = (int8_t)v4;
-}
-
-/* x: the batch image (H x W x C); (ih0, iw0): the window's top-left tap (may be out of bounds) */
-static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int32_t ih0, int32_t iw0, int32_t H,
-                                                           int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t zx,
-                                                           int8_t *patch, const int8_t *w, int32_t K, int32_t O,
-                                                           int32_t wbits, const int32_t *q, int32_t lo, int32_t hi,
-                                                           int8_t *y)
-{
-    const int8_t *a;
-    const int32_t kp = (K + 3) & ~3;
-    int32_t n = kp;
-    if (KH == 1 && KW == 1 && (K & 3) == 0 && ih0 >= 0 && ih0 < H && iw0 >= 0 && iw0 < W) {
-        a = x + (ih0 * W + iw0) * C;
+    if (((k | n) & 3) == 0) {
+        int8_t *d = pair + 2 * k + 4 * slot;
+        for (int32_t i = 0; i < n; i += 4, d += 8) {
+            const uint32_t v = src ? kiln_read_s8x4(src + i) : v4;
+            __builtin_memcpy(d, &v, sizeof v);
+        }
     } else {
-        const uint32_t z4 = ((uint32_t)zx & 0xFFu) * 0x01010101u;
-        const int32_t kw0 = iw0 < 0 ? -iw0 : 0;
-        const int32_t kw1 = W - iw0 < KW ? W - iw0 : KW;
-        const int32_t row = KW * C, left = kw0 * C, mid = (kw1 - kw0) * C, right = (KW - kw1) * C;
-        int8_t *p = patch;
-        const int8_t *xr = x + (ih0 * W + iw0 + kw0) * C;
-        for (int32_t kh = 0; kh < KH; ++kh, p += row, xr += W * C) {
-            const int32_t ih = ih0 + kh;
-            if (ih < 0 || ih >= H || mid <= 0) {
-                kiln_fill_s8(p, z4, row);
-            } else {
-                if (left) kiln_fill_s8(p, z4, left);
-                kiln_copy_s8(p + left, xr, mid);
-                if (right) kiln_fill_s8(p + left + mid, z4, right);
+        for (int32_t i = 0; i < n; ++i, ++k) {
+            pair[2 * (k & ~3) + 4 * slot + (k & 3)] = src ? src[i] : (int8_t)v4;
+        }
+    }
+}
+
+/* the padded patch of the output pixel whose window starts at (ih0, iw0) into slot `slot`
+ * (out of line: inlined at its two call sites it costs ~500 B of flash per model) */
+static __attribute__((noinline, unused)) void kiln_patch_s8(int8_t *pair, int32_t slot, const int8_t *x, int32_t ih0, int32_t iw0, int32_t H,
+                                 int32_t W, int32_t C, int32_t KH, int32_t KW, uint32_t z4, int32_t K, int32_t kp)
+{
+    const int32_t kw0 = iw0 < 0 ? -iw0 : 0;
+    const int32_t kw1 = W - iw0 < KW ? W - iw0 : KW;
+    const int32_t row = KW * C, left = kw0 * C, mid = (kw1 - kw0) * C, right = (KW - kw1) * C;
+    const int8_t *xr = x + (ih0 * W + iw0 + kw0) * C;
+    int32_t k = 0;
+    for (int32_t kh = 0; kh < KH; ++kh, k += row, xr += W * C) {
+        const int32_t ih = ih0 + kh;
+        if (ih < 0 || ih >= H || mid <= 0) {
+            kiln_put_s8(pair, slot, k, 0, z4, row);
+        } else {
+            if (left) kiln_put_s8(pair, slot, k, 0, z4, left);
+            kiln_put_s8(pair, slot, k + left, xr, 0, mid);
+            if (right) kiln_put_s8(pair, slot, k + left + mid, 0, z4, right);
+        }
+    }
+    kiln_put_s8(pair, slot, K, 0, 0, kp - K);   /* the reduction padded to a multiple of 4 (zero weights) */
+}
+
+/* One image: x (H x W x C), output oh x ow pixels with O channels at y; window of output pixel
+ * (i, j) starts at (i * sh - pt, j * sw - pl). Pixels go in pairs in raster order (a pair may
+ * span two rows); patch: 2 * kp + 8 bytes of scratch. wbits: 8 (pack_w8) or 16 (pack_w16). */
+static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int32_t H, int32_t W, int32_t C,
+                                                           int32_t KH, int32_t KW, int32_t sh, int32_t sw,
+                                                           int32_t pt, int32_t pl, int32_t oh, int32_t ow, int32_t zx,
+                                                           int8_t *patch, const int8_t *w, int32_t K, int32_t O,
+                                                           int32_t wbits, const int32_t *q, int32_t zy, int32_t lo,
+                                                           int32_t hi, int8_t *y)
+{
+    const int32_t kp = (K + 3) & ~3;
+    const uint32_t z4 = ((uint32_t)zx & 0xFFu) * 0x01010101u;
+    int8_t *pair = (int8_t *)(((uintptr_t)patch + 7u) & ~(uintptr_t)7u);
+    const int32_t zh = 1 + 2 * zy, npix = oh * ow, wblock = wbits == 16 ? 4 * kp : 2 * kp;
+    int32_t i = 0, j = 0;
+    for (int32_t p = 0; p < npix; p += 2, y += 2 * O) {
+        kiln_patch_s8(pair, 0, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z4, K, kp);
+        const int32_t two = p + 1 < npix;
+        if (two && ++j == ow) {
+            j = 0;
+            ++i;
+        }
+        kiln_patch_s8(pair, 1, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z4, K, kp);
+        if (++j == ow) {
+            j = 0;
+            ++i;
+        }
+        int8_t *y1 = two ? y + O : y;
+        const int8_t *wb = w;
+        const int32_t *qb = q;
+        const uint8_t *eb = (const uint8_t *)(q + 2 * O);
+        if (wbits == 16) {
+            for (int32_t ob = 0; ob < O; ob += 2, wb += wblock, qb += 4) {
+                kiln_dot2x2rq_w16(pair, wb, kp, qb, eb[ob] | eb[ob + 1] << 8, zh, lo, hi, y + ob, y1 + ob);
+            }
+        } else {
+            for (int32_t ob = 0; ob < O; ob += 2, wb += wblock, qb += 4) {
+                kiln_dot2x2rq_w8(pair, wb, kp, qb, eb[ob] | eb[ob + 1] << 8, zh, lo, hi, y + ob, y1 + ob);
             }
         }
-        kiln_fill_s8(patch + K, 0, kp - K);   /* the reduction padded to a multiple of 4 (zero weights) */
-        a = patch;
-    }
-    if (wbits == 16) {
-        for (int32_t ob = 0; ob < O; ob += 4, w += 8 * kp, q += 16, y += 4) kiln_dot4rq_w16(a, w, n, q, lo, hi, y);
-    } else {
-        for (int32_t ob = 0; ob < O; ob += 4, w += 4 * kp, q += 16, y += 4) kiln_dot4rq_w8(a, w, n, q, lo, hi, y);
     }
 }
 

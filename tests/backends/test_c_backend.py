@@ -106,19 +106,21 @@ def test_int8_ops_bit_exact(int8_graph, target, tmp_path_factory):
             np.testing.assert_array_equal(gt, w, err_msg=f"{name} ({target})")
 
 
-def test_int8_ops_bit_exact_int8_weights(int8_graph, tmp_path_factory, monkeypatch):
-    """Every conv/dense with int8-stored weights (kiln_dot*_w8), as large layers get."""
-    from kiln.backends import schedules
-    monkeypatch.setattr(schedules, "W16_MAX_BYTES", 0)
-    pkg = compile_pkg(int8_graph, target="host", out_dir=tmp_path_factory.mktemp("w8"), plot=False,
-                      measure_size=False)
+@pytest.mark.parametrize("optimize", ["size", "speed"])
+def test_int8_ops_bit_exact_weight_storage(int8_graph, optimize, tmp_path_factory):
+    """optimize="size": every conv/dense stores int8 weights (kiln_dot2x2rq_w8, kiln_dot*_w8);
+    "speed": small layers keep the int16 packing (kiln_dot2x2rq_w16, kiln_dot*_w16)."""
+    pkg = compile_pkg(int8_graph, target="host", out_dir=tmp_path_factory.mktemp(optimize), plot=False,
+                      measure_size=False, optimize=optimize)
+    assert pkg.manifest["optimize"] == optimize
     src = open(os.path.join(pkg.path, "kernels.c")).read()
-    # dense: kiln_dot4_w8; convs: kiln_conv_s8 with weight bits 8 (-> kiln_dot4rq_w8)
-    assert "kiln_dot4_w8" in src or re.search(r"kiln_conv_s8\([^;]*, 8, \(&\(convq", src)
+    bits = re.findall(r"kiln_conv_s8\([^;]*?, (8|16), \(&\(convq", src)
+    assert bits, "the int8 table has groups-1 convs on the fused path"
+    assert set(bits) == ({"8"} if optimize == "size" else {"16"})
     for trial in range(3):
         x = i8((1, 7, 6, 8))
         for name, w, gt in zip(int8_graph.outputs, run(int8_graph, x), pkg.run(x)):
-            np.testing.assert_array_equal(gt, w, err_msg=f"{name} (int8 weights)")
+            np.testing.assert_array_equal(gt, w, err_msg=f"{name} (optimize={optimize})")
 
 
 # ---- float op table ---------------------------------------------------------------------------
