@@ -80,6 +80,17 @@ def build_for_board(model, board, out_dir, *, emulate=None, ram_budget=None, sta
     return image, pkg_dir
 
 
+def flash_split(image):
+    """The image's flash split into the model's share (TFLM's "library + model") and the
+    harness's, from its linker map (:func:`kiln.firmware.sizes.flash_split`); None when the
+    image has no map or package folder to read."""
+    from kiln.firmware.sizes import image_flash_split
+    m = getattr(image, "map", None)
+    if m is None or getattr(image, "package_dir", None) is None or not os.path.exists(m):
+        return None
+    return image_flash_split(image)
+
+
 @dataclasses.dataclass
 class BoardRun:
     outputs: list
@@ -132,6 +143,10 @@ def run_on_board(image, pkg_dir, inputs, *, port=None, lab_map=None, progress=No
                         "ticks": prof.ticks[i] if i < len(prof.ticks) else None,
                         "instructions": (prof.instructions[i] if prof.instructions and i < len(prof.instructions) else None)})
     sizes = image.sizes.to_dict() if hasattr(image.sizes, "to_dict") else dict(vars(image.sizes))
+    split = flash_split(image)
+    if split is not None:
+        sizes.update(model_flash_bytes=split.model_flash_bytes, harness_flash_bytes=split.harness_bytes,
+                     flash_breakdown=split.breakdown)
     return BoardRun(outs, insns, src, ticks, hz, profile, stack.used, stack.size, sizes,
                     time.time() - t0, image.board.name, stats)
 

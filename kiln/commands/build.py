@@ -21,5 +21,13 @@ def run(args):
     sizes = image.sizes.to_dict()
     rep = {"board": args.board, "package": pkg_dir, "elf": str(image.elf), "bin": str(image.bin),
            "hex": str(image.hex), "sizes": sizes}
-    rep["text"] = (f"built {image.elf}\n  also {image.bin}, {image.hex}\n\n{image.sizes}")
+    # two flash figures: the whole image (flash_bytes = sizes.flash_used) and the model's share
+    # counted like TFLM's "library .text + model" (kiln.firmware.sizes.flash_split, from the map)
+    split = hil.flash_split(image)
+    rep["flash_bytes"] = image.sizes.flash_used
+    if split is not None:
+        rep.update(model_flash_bytes=split.model_flash_bytes, harness_flash_bytes=split.harness_bytes,
+                   flash_breakdown=split.breakdown, flash_by_file=split.by_file)
+    rep["text"] = (f"built {image.elf}\n  also {image.bin}, {image.hex}\n\n{image.sizes}"
+                   + (f"\n\n{split}" if split is not None else ""))
     return rep

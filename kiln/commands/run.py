@@ -68,7 +68,11 @@ def run(args):
            "memory": {"arena_bytes": res.sizes.get("arena"), "stack_used_bytes": res.stack_used,
                       "text": res.sizes.get("text"), "rodata": res.sizes.get("rodata"),
                       "data": res.sizes.get("data"), "bss": res.sizes.get("bss"),
-                      "flash_bytes": res.sizes.get("flash_used"), "ram_bytes": res.sizes.get("ram_used")},
+                      "flash_bytes": res.sizes.get("flash_used"),
+                      "model_flash_bytes": res.sizes.get("model_flash_bytes"),
+                      "harness_flash_bytes": res.sizes.get("harness_flash_bytes"),
+                      "flash_breakdown": res.sizes.get("flash_breakdown"),
+                      "ram_bytes": res.sizes.get("ram_used")},
            "link_stats": res.stats, "build": out}
     rep["text"] = _table(rep)
     return rep
@@ -85,6 +89,13 @@ def _table(rep):
         lines.append(f"time / inference: {rep['timing']['ms']} ms, {rep['timing']['cycles_at_board_clock']:,} cycles")
     lines.append(f"memory: arena {m['arena_bytes']:,} B, stack high-water {m['stack_used_bytes']:,} B, "
                  f".text {m['text']:,} B, .rodata {m['rodata']:,} B, .data {m['data']:,} B, .bss {m['bss']:,} B")
+    lines.append(f"flash: whole image {m['flash_bytes']:,} B (.text + .rodata + .data: model, protocol, drivers, "
+                 f"startup, libc)")
+    if m.get("model_flash_bytes") is not None:
+        b = m["flash_breakdown"]
+        lines.append(f"flash: model {m['model_flash_bytes']:,} B (kernels code {b['kernels_code']:,} + constants "
+                     f"{b['model_constants']:,} + command-buffer runtime {b['runtime']:,}; counted like TFLM's "
+                     f"library + model), harness {m['harness_flash_bytes']:,} B")
     lines.append(f"\n{'command':<28} {'MACs':>10} {'instructions':>13} {'MAC/instr':>9}")
     for l in rep["per_layer"]:
         ins = l["instructions"]
