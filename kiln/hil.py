@@ -31,13 +31,13 @@ def is_package(path):
     return os.path.isdir(path) and os.path.exists(os.path.join(path, "manifest.json"))
 
 
-def compile_model(model, target, out_dir, ram_budget=None, plot=True):
+def compile_model(model, target, out_dir, ram_budget=None, plot=True, optimize="size"):
     """Compile a Graph or model file to a C package; the source graph is saved beside it
     (graph.json) so later stages can compute reference outputs from the package alone."""
     from kiln import backends
     from kiln.frontend import save
     graph = load_model(model) if isinstance(model, (str, os.PathLike)) else model
-    pkg = backends.compile(graph, target=target, out_dir=out_dir, ram_budget=ram_budget, plot=plot)
+    pkg = backends.compile(graph, target=target, out_dir=out_dir, ram_budget=ram_budget, plot=plot, optimize=optimize)
     save(graph, os.path.join(pkg.path, "graph.json"))
     return pkg
 
@@ -57,7 +57,7 @@ def board_target(board):
     return b.core
 
 
-def build_for_board(model, board, out_dir, *, emulate=None, ram_budget=None, stack_size=8192):
+def build_for_board(model, board, out_dir, *, emulate=None, ram_budget=None, stack_size=8192, optimize="size"):
     """Compile (unless ``model`` is already a package folder) and build firmware for ``board``.
     Returns (image, package_dir). A real board is built with its real memory sizes; with
     ``emulate`` (default: when the board is not emulated) the image also runs in QEMU on the
@@ -73,7 +73,7 @@ def build_for_board(model, board, out_dir, *, emulate=None, ram_budget=None, sta
                             f"recompile with --target {b.core}")
     else:
         pkg_dir = os.path.join(out_dir, "package")
-        compile_model(model, b.core, pkg_dir, ram_budget=ram_budget or b.ram_region.size)
+        compile_model(model, b.core, pkg_dir, ram_budget=ram_budget or b.ram_region.size, optimize=optimize)
     if emulate is None:
         emulate = not b.emulated
     image = firmware.build(pkg_dir, b, os.path.join(out_dir, "firmware"), emulate=emulate, stack_size=stack_size)

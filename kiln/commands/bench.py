@@ -27,6 +27,9 @@ def add_arguments(p):
         os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))), "shared")))
     p.add_argument("--markdown", default=BENCHMARKS_MD, help="where to write the table")
     p.add_argument("--no-write", action="store_true")
+    p.add_argument("--optimize", default=None, choices=["size", "speed"],
+                   help="weight storage for every run (default: size on every board, and also speed on "
+                        "mps2-an386 for the comparison with TFLM)")
 
 
 def _models(args):
@@ -36,12 +39,12 @@ def _models(args):
     return [os.path.join(d, f) for f in ("kws_ref_model.tflite", "pretrainedResnet_quant.tflite")]
 
 
-def bench_one(model, board, tmp):
+def bench_one(model, board, tmp, optimize="size"):
     from kiln import hil
     name = os.path.splitext(os.path.basename(model))[0]
-    out = os.path.join(tmp, f"{name}_{board}")
+    out = os.path.join(tmp, f"{name}_{board}_{optimize}")
     t0 = time.time()
-    image, pkg_dir = hil.build_for_board(model, board, out)
+    image, pkg_dir = hil.build_for_board(model, board, out, optimize=optimize)
     graph = hil.package_graph(pkg_dir)
     t = graph.types[graph.inputs[0]]
     x = np.random.default_rng(0).integers(-128, 128, t.shape).astype(np.int8)
@@ -50,7 +53,7 @@ def bench_one(model, board, tmp):
     with open(os.path.join(pkg_dir, "manifest.json")) as f:
         man = json.load(f)
     ins = res.instructions[0]
-    return {"model": name, "board": board, "core": man["target"],
+    return {"model": name, "board": board, "core": man["target"], "optimize": optimize,
             "bit_exact": bool(np.array_equal(res.outputs[0].reshape(-1), ref.reshape(-1))),
             "instructions": ins, "instruction_source": res.instruction_source, "macs": man["macs"],
             "macs_per_instruction": round(man["macs"] / ins, 4) if ins else None,
@@ -65,6 +68,8 @@ def _b(v):
     return f"{v:,}" if v is not None else "n/a"
 
 
+OPT_TEXT = {"size": "every conv/dense weight stored as int8", "speed": "layers with at most 4 KiB of "
+            "weights stored int16-packed: fewer instructions, more flash"}
 FLASH_TEXT = (
     "Two flash figures. **Image flash** is .text + .rodata + .data of the whole firmware image: the model "
     "plus the test harness (serial protocol, UART driver, startup code and vector table, profiler, stack "
@@ -77,32 +82,35 @@ FLASH_TEXT = (
 
 
 def markdown(rows, command):
+    rows = [{"optimize": "size", **r} for r in rows]
+    main_opt = rows[0]["optimize"] if rows else "size"
+    all_rows, rows = rows, [r for r in rows if r["optimize"] == main_opt]
     L = [SECTION, "",
          f"Produced by `{command}` (QEMU 7.2, arm-none-eabi-gcc 12.2 -O2). Instructions are executed "
          "instructions for one inference, counted exactly by Kiln's QEMU TCG plugin between the model's "
          "entry and exit (deterministic across runs); stack is the painted high-water mark of the whole "
          "firmware during an inference. Every row's output was checked bit-exact against the int8 "
-         "reference.", "", FLASH_TEXT, "",
+         f"reference. Compiled with `--optimize {main_opt}` ({OPT_TEXT[main_opt]}).", "", FLASH_TEXT, "",
          "| model | board (core) | instructions / inference | MACs / instruction | arena B | stack B | image flash B | model flash B | bit-exact |",
          "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         L.append(f"| {r['model']} | {r['board']} ({r['core']}) | {r['instructions']:,} | {r['macs_per_instruction']} | "
                  f"{r['arena_bytes']:,} | {r['stack_bytes']:,} | {_b(r['flash_bytes'])} | {_b(r.get('model_flash_bytes'))} | "
                  f"{'yes' if r['bit_exact'] else 'NO'} |")
-    m4 = [r for r in rows if r["board"] == "mps2-an386" and r["model"] in TFLM]
+    m4 = [r for r in all_rows if r["board"] == "mps2-an386" and r["model"] in TFLM]
     if m4:
         L += ["", "Against TensorFlow Lite Micro on the same emulated Cortex-M4 (BASELINES.md). Flash: Kiln image "
               "= the whole firmware image; Kiln model = package kernels + constants + command-buffer runtime, "
               "no harness; TFLM = TFLM library .text + .tflite model bytes (no harness, startup, UART or "
               "libc), i.e. counted like Kiln model flash:", "",
-              "| model | Kiln instructions | TFLM + CMSIS-NN | ratio | TFLM reference kernels | Kiln arena | TFLM arena "
+              "| model | optimize | Kiln instructions | TFLM + CMSIS-NN | ratio | TFLM reference kernels | Kiln arena | TFLM arena "
               "| Kiln image flash | Kiln model flash | TFLM flash (library + model) | model flash / TFLM |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in m4:
             t = TFLM[r["model"]]
             mf = r.get("model_flash_bytes")
             share = f"{mf / t['flash']:.2f}x" if mf else "n/a"
-            L.append(f"| {r['model']} | {r['instructions']:,} | {t['cmsis_insn']:,} | {r['instructions'] / t['cmsis_insn']:.2f}x | "
+            L.append(f"| {r['model']} | {r['optimize']} | {r['instructions']:,} | {t['cmsis_insn']:,} | {r['instructions'] / t['cmsis_insn']:.2f}x | "
                      f"{t['ref_insn']:,} | {r['arena_bytes']:,} | {t['arena']:,} | {_b(r['flash_bytes'])} | {_b(mf)} | "
                      f"{t['flash']:,} | {share} |")
     return "\n".join(L) + "\n"
@@ -112,13 +120,16 @@ def run(args):
     rows = []
     models = _models(args)
     boards = [b for b in args.boards.split(",") if b]
+    runs = [(m, b, args.optimize or "size") for m in models for b in boards]
+    if args.optimize is None and "mps2-an386" in boards:
+        runs += [(m, "mps2-an386", "speed") for m in models]
     with tempfile.TemporaryDirectory(prefix="kiln_bench_") as tmp:
-        for m in models:
-            for b in boards:
-                if not args.json:
-                    print(f"[kiln bench] {os.path.basename(m)} on {b} ...", file=sys.stderr, flush=True)
-                rows.append(bench_one(m, b, tmp))
+        for m, b, opt in runs:
+            if not args.json:
+                print(f"[kiln bench] {os.path.basename(m)} on {b} (--optimize {opt}) ...", file=sys.stderr, flush=True)
+            rows.append(bench_one(m, b, tmp, opt))
     cmd = "kiln bench" + ("" if args.boards == "mps2-an385,mps2-an386,mps2-an500,mps2-an505,mps3-an547" else f" --boards {args.boards}")
+    cmd += f" --optimize {args.optimize}" if args.optimize else ""
     text = markdown(rows, cmd)
     if not args.no_write:
         write_section(args.markdown, text)

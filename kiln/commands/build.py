@@ -6,6 +6,9 @@ import os
 
 def add_arguments(p):
     p.add_argument("model", help=".tflite, Kiln graph .json, or a package folder from `kiln compile`")
+    p.add_argument("--optimize", default="size", choices=["size", "speed"],
+                   help="Cortex-M weight storage: size (int8 everywhere, default) or speed (int16-packed "
+                        "weights for layers up to 4 KiB: fewer instructions, more flash)")
     p.add_argument("--board", required=True, help="board name (see `kiln boards`)")
     p.add_argument("-o", "--out", default=None, help="output folder (default: build/<board>)")
     p.add_argument("--emulate", action="store_true",
@@ -17,7 +20,7 @@ def run(args):
     from kiln import hil
     out = args.out or os.path.join("build", args.board)
     image, pkg_dir = hil.build_for_board(args.model, args.board, out, emulate=args.emulate or None,
-                                         stack_size=args.stack_size)
+                                         stack_size=args.stack_size, optimize=args.optimize)
     sizes = image.sizes.to_dict()
     rep = {"board": args.board, "package": pkg_dir, "elf": str(image.elf), "bin": str(image.bin),
            "hex": str(image.hex), "sizes": sizes}

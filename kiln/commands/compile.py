@@ -7,6 +7,9 @@ from kiln.backends.cpus import TARGETS
 
 def add_arguments(p):
     p.add_argument("model", help="model file: .tflite or Kiln graph .json")
+    p.add_argument("--optimize", default="size", choices=["size", "speed"],
+                   help="Cortex-M weight storage: size (int8 everywhere, default) or speed (int16-packed "
+                        "weights for layers up to 4 KiB: fewer instructions, more flash)")
     p.add_argument("--target", default="cortex-m4", choices=sorted(TARGETS) + ["cuda"],
                    help="C backend target (default cortex-m4), or cuda")
     p.add_argument("--arch", default="sm_90", help="CUDA architecture for --target cuda (default sm_90)")
@@ -21,14 +24,15 @@ def run(args):
     if args.target == "cuda":
         return _run_cuda(args)
     from kiln import hil
-    pkg = hil.compile_model(args.model, args.target, args.out, ram_budget=args.ram_budget, plot=not args.no_plot)
+    pkg = hil.compile_model(args.model, args.target, args.out, ram_budget=args.ram_budget, plot=not args.no_plot,
+                            optimize=args.optimize)
     m = pkg.manifest
     sizes = m.get("sizes") or {}
-    rep = {"model": m["model"], "target": m["target"], "package": pkg.path, "commands": len(m["commands"]),
+    rep = {"model": m["model"], "target": m["target"], "optimize": m.get("optimize"), "package": pkg.path, "commands": len(m["commands"]),
            "kernels": len(m["kernels"]), "arena_bytes": m["arena_bytes"], "weight_bytes": m["weight_bytes"],
            "code_bytes": sizes.get("code_bytes"), "macs": m["macs"], "planner": m["planner"],
            "compile_seconds": m["compile_seconds"]}
-    lines = [f"compiled {m['model']} for {m['target']} -> {pkg.path}",
+    lines = [f"compiled {m['model']} for {m['target']} (--optimize {m.get('optimize')}) -> {pkg.path}",
              f"  commands      {rep['commands']} ({rep['kernels']} distinct kernels)",
              f"  arena         {rep['arena_bytes']:,} B (planner: {m['planner']})",
              f"  weights       {rep['weight_bytes']:,} B",

@@ -13,6 +13,9 @@ from kiln.frontend.errors import KilnError
 
 def add_arguments(p):
     p.add_argument("model", help=".tflite, Kiln graph .json, or a package folder")
+    p.add_argument("--optimize", default="size", choices=["size", "speed"],
+                   help="Cortex-M weight storage: size (int8 everywhere, default) or speed (int16-packed "
+                        "weights for layers up to 4 KiB: fewer instructions, more flash)")
     p.add_argument("--board", default=None, help="board name (see `kiln boards`)")
     p.add_argument("--target", default=None, help="'cuda' to run a CUDA package on the GPU")
     p.add_argument("--inputs", type=int, default=4, help="number of seeded random inputs (default 4)")
@@ -46,7 +49,7 @@ def run(args):
         from kiln.boards.labmap import load_lab_map
         lab_map = load_lab_map(args.lab_map)
     out = args.out or tempfile.mkdtemp(prefix=f"kiln_run_{args.board}_")
-    image, pkg_dir = hil.build_for_board(args.model, board, out)
+    image, pkg_dir = hil.build_for_board(args.model, board, out, optimize=args.optimize)
     graph = hil.package_graph(pkg_dir)
     xs = _inputs(graph, args)
     ref = hil.reference_outputs(graph, xs)

@@ -87,3 +87,20 @@ def test_demo_end_to_end_json(capsys, tmp_path):
     assert rep["memory"]["arena_bytes"] > 0 and rep["memory"]["flash_bytes"] > 0
     for f in ("report.md", "report.json", "latency.png", "memory.png"):
         assert (tmp_path / f).exists(), f
+
+
+def test_compile_optimize_size_vs_speed(capsys, shared_models, tmp_path):
+    """--optimize size stores int8 weights everywhere; speed int16-packs small layers: more
+    weight bytes, recorded in the manifest; an unknown value is rejected by argparse."""
+    m = os.path.join(shared_models, "kws_ref_model.tflite")
+    reps = {}
+    for opt in ("size", "speed"):
+        rc, reps[opt] = _json(capsys, ["compile", m, "-o", str(tmp_path / opt), "--no-plot", "--optimize", opt,
+                                       "--json"])
+        assert rc == 0 and reps[opt]["optimize"] == opt
+        with open(tmp_path / opt / "manifest.json") as f:
+            assert json.load(f)["optimize"] == opt
+    assert reps["speed"]["weight_bytes"] > reps["size"]["weight_bytes"]
+    r = subprocess.run([sys.executable, "-m", "kiln", "compile", m, "-o", str(tmp_path / "x"), "--optimize", "fast"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "--optimize" in r.stderr
