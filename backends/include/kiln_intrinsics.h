@@ -478,31 +478,38 @@ static inline int32_t kiln_rq_e(int32_t acc, int32_t m, int32_t e, int32_t zh)
     } while (0)
 #endif
 
-/* a: the interleaved patch pair (8-byte aligned), w: the block's packed weights (8-byte
- * aligned), n: the padded reduction length (a multiple of 4), q: the block's {bias0, bias1,
- * mult0, mult1}, e01: e0 | e1 << 8; writes y0[0..1] and y1[0..1] */
+/* All O output channels of one pixel pair, 2 at a time. a: the interleaved patch pair (8-byte
+ * aligned); w: the packed weights (8-byte aligned, channel blocks contiguous, so w just runs on);
+ * n: the padded reduction length (a multiple of 4); q: per block {bias0, bias1, mult0, mult1};
+ * eb: one right-shift byte per channel; writes y0[0..O-1] and y1[0..O-1]. The channel loop is
+ * inside (one call per pixel pair, not per channel block: ~30 instructions of call overhead
+ * saved per block). */
 #define KILN_DEF_DOT2X2RQ(NAME, STEP, WSTEP)                                                  \
     static __attribute__((noinline, unused)) void NAME(const int8_t *ap, const int8_t *wp, int32_t n, \
-                                                       const int32_t *q, int32_t e01, int32_t zh, \
-                                                       int32_t lo, int32_t hi, int8_t *y0, int8_t *y1) \
+                                                       const int32_t *q, const uint8_t *eb, int32_t O, \
+                                                       int32_t zh, int32_t lo, int32_t hi, int8_t *y0, \
+                                                       int8_t *y1)                                \
     {                                                                                        \
-        const int8_t *a = (const int8_t *)__builtin_assume_aligned(ap, 8);                   \
         const int8_t *w = (const int8_t *)__builtin_assume_aligned(wp, 8);                   \
-        const int8_t *const end = a + 2 * n;                                                 \
-        int32_t s00 = q[0], s01 = q[1], s10 = q[0], s11 = q[1];                              \
-        for (; a + 16 <= end; a += 16, w += 2 * (WSTEP)) {                                   \
-            STEP(0);                                                                         \
-            STEP(8);                                                                         \
+        for (int32_t ob = 0; ob < O; ob += 2, q += 4) {                                      \
+            const int8_t *a = (const int8_t *)__builtin_assume_aligned(ap, 8);               \
+            const int8_t *const end = a + 2 * n;                                             \
+            int32_t s00 = q[0], s01 = q[1], s10 = q[0], s11 = q[1];                          \
+            for (; a + 16 <= end; a += 16, w += 2 * (WSTEP)) {                               \
+                STEP(0);                                                                     \
+                STEP(8);                                                                     \
+            }                                                                                \
+            if (a < end) {                                                                   \
+                STEP(0);                                                                     \
+                w += (WSTEP);                                                                \
+            }                                                                                \
+            const int32_t m0 = q[2], m1 = q[3], e0 = eb[ob], e1 = eb[ob + 1];                \
+            const uint32_t v = kiln_pack4_clamp(kiln_rq_e(s00, m0, e0, zh), kiln_rq_e(s01, m1, e1, zh), \
+                                                kiln_rq_e(s10, m0, e0, zh), kiln_rq_e(s11, m1, e1, zh), lo, hi); \
+            const uint16_t v0 = (uint16_t)v, v1 = (uint16_t)(v >> 16);                       \
+            __builtin_memcpy(y0 + ob, &v0, sizeof v0);                                       \
+            __builtin_memcpy(y1 + ob, &v1, sizeof v1);                                       \
         }                                                                                    \
-        if (a < end) {                                                                       \
-            STEP(0);                                                                         \
-        }                                                                                    \
-        const int32_t m0 = q[2], m1 = q[3], e0 = e01 & 0xFF, e1 = e01 >> 8;                  \
-        const uint32_t v = kiln_pack4_clamp(kiln_rq_e(s00, m0, e0, zh), kiln_rq_e(s01, m1, e1, zh), \
-                                            kiln_rq_e(s10, m0, e0, zh), kiln_rq_e(s11, m1, e1, zh), lo, hi); \
-        const uint16_t v0 = (uint16_t)v, v1 = (uint16_t)(v >> 16);                           \
-        __builtin_memcpy(y0, &v0, sizeof v0);                                                \
-        __builtin_memcpy(y1, &v1, sizeof v1);                                                \
     }
 KILN_DEF_DOT2X2RQ(kiln_dot2x2rq_w8, KILN_D22_STEP, 8)
 KILN_DEF_DOT2X2RQ(kiln_dot2x2rq_w16, KILN_D22W_STEP, 16)
@@ -560,7 +567,7 @@ static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int3
     const int32_t kp = (K + 3) & ~3;
     const uint32_t z4 = ((uint32_t)zx & 0xFFu) * 0x01010101u;
     int8_t *pair = (int8_t *)(((uintptr_t)patch + 7u) & ~(uintptr_t)7u);
-    const int32_t zh = 1 + 2 * zy, npix = oh * ow, wblock = wbits == 16 ? 4 * kp : 2 * kp;
+    const int32_t zh = 1 + 2 * zy, npix = oh * ow;
     int32_t i = 0, j = 0;
     for (int32_t p = 0; p < npix; p += 2, y += 2 * O) {
         kiln_patch_s8(pair, 0, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z4, K, kp);
@@ -575,17 +582,11 @@ static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int3
             ++i;
         }
         int8_t *y1 = two ? y + O : y;
-        const int8_t *wb = w;
-        const int32_t *qb = q;
         const uint8_t *eb = (const uint8_t *)(q + 2 * O);
         if (wbits == 16) {
-            for (int32_t ob = 0; ob < O; ob += 2, wb += wblock, qb += 4) {
-                kiln_dot2x2rq_w16(pair, wb, kp, qb, eb[ob] | eb[ob + 1] << 8, zh, lo, hi, y + ob, y1 + ob);
-            }
+            kiln_dot2x2rq_w16(pair, w, kp, q, eb, O, zh, lo, hi, y, y1);
         } else {
-            for (int32_t ob = 0; ob < O; ob += 2, wb += wblock, qb += 4) {
-                kiln_dot2x2rq_w8(pair, wb, kp, qb, eb[ob] | eb[ob + 1] << 8, zh, lo, hi, y + ob, y1 + ob);
-            }
+            kiln_dot2x2rq_w8(pair, w, kp, q, eb, O, zh, lo, hi, y, y1);
         }
     }
 }
