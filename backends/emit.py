@@ -53,10 +53,11 @@ def _ptr_cast(dtype, const):
 
 
 def render(out_dir, *, model_name, target, kernels, commands, consts, plan, inputs, outputs,
-           schedule, write_extras=True):
+           schedule, write_extras=True, optimize="size"):
     os.makedirs(out_dir, exist_ok=True)
     import tvm
-    ctx = dict(version=kiln.__version__, target=target, model=model_name, tvm_version=tvm.__version__)
+    ctx = dict(version=kiln.__version__, target=target, model=model_name, tvm_version=tvm.__version__,
+               optimize=optimize)
     max_io = max([len(c["offs"]) for c in commands] + [1])
     max_data = max([len(c["data"]) for c in commands] + [1])
     kern_ctx = []

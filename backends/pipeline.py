@@ -213,7 +213,7 @@ def emit_package(st):
     sched = "Cortex-M DSP (SXTB16/SMLAD)" if target.dsp else "plain C"
     weight_bytes = emit.render(out_dir, model_name=st["model_name"], target=target.name, kernels=st["kernels"],
                                commands=commands, consts=consts, plan=p, inputs=inputs, outputs=outputs,
-                               schedule=sched)
+                               schedule=sched, optimize=target.optimize)
     with open(os.path.join(out_dir, "plan.txt"), "w") as f:
         f.write(p.table() + "\n\n" + p.drawing() + "\n")
     if st.get("plot", True):
