@@ -50,34 +50,70 @@ def _newton(hd, prev):
     return lambda *i: gemmlowp.newton_step(hd(*i), prev(*i))
 
 
+def softmax_exp_table(mult, left, diff_min):
+    """The int8 softmax's exp table: ``(lo, table)``. ``table[d - lo + 1]`` is gemmlowp's
+    exp_on_negative_values of the rescaled difference ``d = x - max`` for ``d`` in ``[lo, 0]``,
+    and ``table[0] = 0`` stands for every ``d < lo`` (the kernel reads
+    ``table[max(d, lo - 1) - (lo - 1)]``; when ``lo == -255`` every int8 difference is in range
+    and there is no zero entry: ``table[d + 255]``).
+
+    ``lo >= max(diff_min, -255)`` is the first difference whose sum term
+    ``RoundingDivideByPOT(e, 12)`` is non-zero. Every ``d < lo`` gives the same bits as ``e = 0``
+    (the reference's value below diff_min): its term is 0 (e < 2^11), and its output
+    ``RoundingDivideByPOT(SRDHM(scale, e), bits + 23)`` is 0 too, hence -128, because
+    ``SRDHM(scale, e) <= e < 2^22`` (scale <= INT32_MAX) and ``bits >= 0`` (the row maximum alone
+    adds ``2^19`` to the sum)."""
+    from kiln.quantize import fixedpoint as fp
+    from kiln.quantize.int8_elementwise import SOFTMAX_ACCUMULATION_INTEGER_BITS, SOFTMAX_SCALED_DIFF_INTEGER_BITS
+    d = np.arange(-255, 1, dtype=np.int64)
+    e = fp.exp_on_negative_values(fp.multiply_by_quantized_multiplier_greater_than_one(d, mult, left),
+                                  SOFTMAX_SCALED_DIFF_INTEGER_BITS)
+    e = np.where(d >= diff_min, e, 0)
+    term = fp.rounding_divide_by_pot(e, SOFTMAX_ACCUMULATION_INTEGER_BITS)
+    lo = int(d[term != 0].min())       # exp(0) = INT32_MAX, so there is one
+    assert (e[d < lo] < 1 << 22).all()
+    tab = e[d >= lo] if lo == -255 else np.concatenate([[0], e[d >= lo]])
+    return lo, np.asarray(tab, np.int32)
+
+
 def _softmax_int8(k, node, x, tx, ty):
     if ty.quant is None or abs(ty.quant.scale[0] - 1 / 256) > 0.001 / 256 or ty.quant.zero_point[0] != -128:
         k.fail(f"int8 softmax needs output scale 1/256 and zero point -128 (TFLite), got {ty}")
     axis = node.attrs["axis"] % len(tx.shape)
     if axis != len(tx.shape) - 1:
         k.fail("int8 softmax runs over the last axis")
-    from kiln.quantize import fixedpoint as fp
-    from kiln.quantize.int8_elementwise import (SOFTMAX_ACCUMULATION_INTEGER_BITS, SOFTMAX_SCALED_DIFF_INTEGER_BITS,
-                                                softmax_params)
-    int_bits, acc_bits = SOFTMAX_SCALED_DIFF_INTEGER_BITS, SOFTMAX_ACCUMULATION_INTEGER_BITS
+    from kiln.quantize.int8_elementwise import SOFTMAX_ACCUMULATION_INTEGER_BITS as acc_bits
+    from kiln.quantize.int8_elementwise import softmax_params
     mult, left, diff_min = softmax_params(tx.quant.scale[0])
-    # every int8 difference x - max lies in [-255, 0]: tabulate exp and its accumulator term
-    d = np.arange(-255, 1, dtype=np.int64)
-    e = fp.exp_on_negative_values(fp.multiply_by_quantized_multiplier_greater_than_one(d, mult, left), int_bits)
-    e = np.where(d >= diff_min, e, 0)
-    exp_t = e
-    sum_t = np.where(d >= diff_min, fp.saturating_rounding_multiply_by_pot(e, -acc_bits), 0)
-    texp = k.const("exp", np.asarray(exp_t, np.int32))
-    tsum = k.const("expsum", np.asarray(sum_t, np.int32))
+    # Every int8 difference d = x - max lies in [-255, 0]. Only exp(d) is tabulated, and only from
+    # the first d >= diff_min whose sum term is non-zero (plus one zero entry that every smaller d
+    # is clamped onto; see softmax_exp_table for why that is bit-exact); the sum term is computed
+    # from exp (no second table). The shared models: ResNet-8 d in [-80, 0], 82 entries (328 B),
+    # KWS d in [-95, 0], 97 entries (388 B), instead of two 256-entry tables (2 KiB). Computing
+    # exp in the kernel with no table at all (gemmlowp's polynomial + barrel shifter as
+    # per-element stages) is bit-exact but was bigger on Cortex-M4: 1692 B of code against 948 B
+    # of code + a 504 B table at the time (and this table is smaller still).
+    tab_lo, tab_e = softmax_exp_table(mult, left, diff_min)
+    texp = k.const("exp", tab_e)
     D = tx.shape[-1]
     lead = tx.shape[:-1]
     r = te.reduce_axis((0, D), "r")
     mx = te.compute(lead or (1,), lambda *i: te.max(x[(i if lead else ()) + (r,)], axis=[r]), name="rowmax")
     r2 = te.reduce_axis((0, D), "r2")
 
-    def diff(i, col):
-        return x[i + (col,)].astype("int32") - mx[i or (0,)].astype("int32") + c(255)
-    sm = te.compute(lead or (1,), lambda *i: te.sum(tsum[diff(i if lead else (), r2)], axis=[r2]), name="rowsum")
+    def exp(i, col):
+        dd = x[i + (col,)].astype("int32") - mx[i or (0,)].astype("int32")
+        if tab_lo == -255:
+            return texp[dd + c(255)]
+        # a clamp onto the zero entry: branch-free, 32 B less code than an if_then_else on the M4
+        return texp[tirx.max(dd, c(tab_lo - 1)) - c(tab_lo - 1)]
+
+    def term(e):
+        # SaturatingRoundingMultiplyByPOT<-12>(e) = RoundingDivideByPOT(e, 12) for e >= 0, i.e.
+        # (e + 2^11) >> 12; in uint32 so that e = INT32_MAX does not overflow
+        return ((e.astype("uint32") + tirx.const(1 << (acc_bits - 1), "uint32"))
+                >> tirx.const(acc_bits, "uint32")).astype("int32")
+    sm = te.compute(lead or (1,), lambda *i: te.sum(term(exp(i if lead else (), r2)), axis=[r2]), name="rowsum")
 
     # GetReciprocal(sum, 12): one small per-row stage per step (no deep Let nesting)
     R = lead or (1,)
@@ -95,7 +131,7 @@ def _softmax_int8(k, node, x, tx, ty):
     def body(*i):
         row = i[:-1]
         ri = row or (0,)
-        e = texp[diff(row, i[-1])]
+        e = exp(row, i[-1])
         v = qmath.rdbpot(qmath.srdhm(scale[ri], e), nbits[ri] + c(31 - 8))
         return qmath.clamp(v + c(-128), -128, 127).astype("int8")
     return te.compute(_shape(ty), body, name="softmax")
