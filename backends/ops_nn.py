@@ -178,7 +178,7 @@ def _const_weights_bias(k, node, O):
     return w, np.asarray(b, np.int64).reshape(-1)
 
 
-def _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty):
+def _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty, out_shape=None):
     """int8 groups-1 conv on DSP cores, one ``kiln_conv_s8`` call per image
     (``schedules.conv_fused_extern``): None when it does not apply (weights/bias not constant,
     C_out odd, dilation, the zero point not foldable, a left shift or an accumulator bound the
@@ -206,7 +206,7 @@ def _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty):
     wp = k.const("w_packed", schedules.pack_w16(wpad, 2) if bits == 16 else schedules.pack_w8(wpad, 2))
     q = k.const("convq", schedules.conv_requant_table(folded, mult, shift))
     k.schedule(lambda sch, out_block: None)
-    return schedules.conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits)
+    return schedules.conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits, out_shape)
 
 
 def _depthwise_dsp(k, node, x, G, zx, tx, tw, ty):
@@ -253,6 +253,13 @@ def lower_dense(k, node, xs):
         zw = zws[0]
         bound = None
         if k.target.dsp and zw == 0 and schedules.ENABLED and k.value(node.inputs[1]) is not None:
+            # a 1x1 conv over a 1 x rows image of K channels: the fused conv kernel (one code path
+            # for conv and dense; the tensorized schedule below when it does not apply)
+            rows = int(np.prod(lead)) if lead else 1
+            G = dict(N=1, H=1, W=rows, C=K, oh=1, ow=rows, KH=1, KW=1, O=N, sh=1, sw=1, pt=0, pl=0, dh=1, dw=1)
+            y = _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty, out_shape=ty.shape)
+            if y is not None:
+                return y
             bvals = k.value(node.inputs[2]) if len(node.inputs) >= 3 else np.zeros(N, np.int64)
             if bvals is not None:
                 bound = schedules.acc_bound(np.asarray(k.value(node.inputs[1])).reshape(N, K), bvals, zx)

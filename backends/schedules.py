@@ -390,7 +390,7 @@ def conv_requant_table(bias, mult, shift):
     return np.concatenate([words, eb.view("<i4")]).astype(np.int32)
 
 
-def conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits):
+def conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits, out_shape=None):
     """A groups-1 int8 conv as one call of ``kiln_conv_s8`` per image (patches of pixel pairs,
     2x2 dot-product tiles, requantisation and store; kiln_intrinsics.h). The patch pair is a
     kernel-local buffer (lifted into the arena when large, tirc.lift_scratch)."""
@@ -411,6 +411,7 @@ def conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits):
         body = tirx.For(n, c(0), c(N), tirx.ForKind.SERIAL, tirx.Evaluate(call))
         return tirx.SeqStmt([tirx.AllocBuffer(patch), body])
     bufs = [tirx.decl_buffer(t.shape, t.dtype, name=t.op.name, elem_offset=0) for t in (x, wp, q)]
-    yb = tirx.decl_buffer((N, oh, ow, O), "int8", name="conv", elem_offset=0)
-    return te.extern((N, oh, ow, O), [x, wp, q], fcompute, name="conv", dtype="int8",
+    shape = tuple(out_shape) if out_shape is not None else (N, oh, ow, O)   # dense: (rows, O)
+    yb = tirx.decl_buffer(shape, "int8", name="conv", elem_offset=0)
+    return te.extern(shape, [x, wp, q], fcompute, name="conv", dtype="int8",
                      in_buffers=bufs, out_buffers=[yb])

@@ -630,4 +630,57 @@ static inline int32_t kiln_add_s8(int32_t x1, int32_t x2, int32_t k1, int32_t m1
     return kiln_rdbpot(kiln_srdhm_small(u1 + u2, mo), eo) + zo;
 }
 
+/* ---- int8 softmax over the last axis (ops_misc._softmax_int8, every target) -----------------
+ * TFLite's reference_ops::Softmax for int8 -> int8 (output scale 1/256, zero point -128), as
+ * kiln.quantize.int8_elementwise.softmax_int8_rows: exp(d) of d = x - max from the table
+ * tab[max(d, base) - base] (ops_misc.softmax_exp_table: base = lo - 1 onto a zero entry, or -255
+ * for a full table), the sum of
+ * RoundingDivideByPOT(exp, 12), gemmlowp's GetReciprocal(sum, 12) (CLZ, then three
+ * Newton-Raphson steps of one_over_one_plus_x_for_x_in_0_1), and RoundingDivideByPOT of
+ * SRDHM(scale, exp) by 12 - clz + 23. One small function instead of a TVM loop nest (~1 KB of
+ * code with a 31-compare CLZ and int64 arithmetic inline). */
+static inline int32_t kiln_srdhm64(int32_t a, int32_t b)
+{
+    return (int32_t)(((int64_t)a * b + (1LL << 30)) >> 31);   /* gemmlowp's SRDHM (no a = b = INT32_MIN here) */
+}
+
+static inline int32_t kiln_sat_shl(int32_t x, int32_t s)
+{
+    const int32_t lim = INT32_MAX >> s;
+    return x > lim ? INT32_MAX : (x < -lim ? INT32_MIN : (int32_t)((uint32_t)x << s));
+}
+
+static __attribute__((noinline, unused, cold)) void kiln_softmax_s8(const int8_t *x, int32_t rows, int32_t D,
+                                                              const int32_t *tab, int32_t base, int8_t *y)
+{
+    for (int32_t r = 0; r < rows; ++r, x += D, y += D) {
+        int32_t mx = -128, sum = 0;
+        for (int32_t i = 0; i < D; ++i) mx = x[i] > mx ? x[i] : mx;
+        for (int32_t i = 0; i < D; ++i) {
+            const int32_t d = x[i] - mx;
+            const int32_t e = tab[(d > base ? d : base) - base];
+            sum += (int32_t)(((uint32_t)e + 2048u) >> 12);
+        }
+        /* GetReciprocal(sum, 12): sum >= 2^19 (the max element's exp is INT32_MAX) */
+        const int32_t clz = __builtin_clz((uint32_t)sum);
+        /* x = (sum << clz) - 2^31 in [0, 2^31); RoundingHalfSum(x, INT32_MAX) = (x + 2^31) / 2
+         * exactly (the sum is non-negative and odd + 1 is even), i.e. (sum << clz) >> 1 */
+        const int32_t hd = (int32_t)(((uint32_t)sum << clz) >> 1);
+        int32_t nr = kiln_srdhm64(hd, -1010580540) + 1515870810;
+        for (int32_t it = 0; it < 3; ++it) {
+            /* hd in [2^30, 2^31) and nr in Q2.29 near 1/hd: 2^29 - SRDHM(hd, nr) fits int32 */
+            const int32_t sx = kiln_srdhm64(nr, 536870912 - kiln_srdhm64(hd, nr));
+            nr = (int32_t)((uint32_t)nr + (uint32_t)kiln_sat_shl(sx, 2));
+        }
+        const int32_t scale = kiln_sat_shl(nr, 1), re = 12 - clz + 23;
+        const int32_t mask = (int32_t)((1u << re) - 1u);
+        for (int32_t i = 0; i < D; ++i) {
+            const int32_t d = x[i] - mx;
+            const int32_t rx = kiln_srdhm64(scale, tab[(d > base ? d : base) - base]);
+            const int32_t v = (rx >> re) + ((rx & mask) > ((mask >> 1) + (rx < 0)) ? 1 : 0) - 128;
+            y[i] = (int8_t)kiln_clamp_i32(v, -128, 127);
+        }
+    }
+}
+
 #endif /* KILN_INTRINSICS_H */
