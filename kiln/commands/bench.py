@@ -109,7 +109,7 @@ def markdown(rows, command):
         for r in m4:
             t = TFLM[r["model"]]
             mf = r.get("model_flash_bytes")
-            share = f"{mf / t['flash']:.2f}x" if mf else "n/a"
+            share = f"{mf / t['flash']:.3f}x" if mf else "n/a"
             L.append(f"| {r['model']} | {r['optimize']} | {r['instructions']:,} | {t['cmsis_insn']:,} | {r['instructions'] / t['cmsis_insn']:.2f}x | "
                      f"{t['ref_insn']:,} | {r['arena_bytes']:,} | {t['arena']:,} | {_b(r['flash_bytes'])} | {_b(mf)} | "
                      f"{t['flash']:,} | {share} |")
