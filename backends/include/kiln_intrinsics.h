@@ -525,22 +525,25 @@ static inline int32_t kiln_rq_e(int32_t acc, int32_t m, int32_t e, int32_t zh)
 KILN_DEF_DOT2X2RQ(kiln_dot2x2rq_w8, KILN_D22_STEP, 8)
 KILN_DEF_DOT2X2RQ(kiln_dot2x2rq_w16, KILN_D22W_STEP, 16)
 
-/* n bytes of the row src (or of the fill word v4 when src is NULL) into patch slot `slot` of an
- * interleaved pair at reduction index k (see above); out of line under KILN_OPTIMIZE_SIZE (-260 B,
- * +1% instructions on ResNet-8) */
-static KILN_SIZE_NOINLINE void kiln_put_s8(int8_t *pair, int32_t slot, int32_t k, const int8_t *src, uint32_t v4, int32_t n)
+/* n bytes into patch slot `slot` of an interleaved pair at reduction index k (see above): from
+ * src (step 1) or the fill word at src repeated (step 0: src points at 4 copies of the byte).
+ * A head up to the next group boundary and a tail byte by byte, whole groups a word at a time
+ * (unaligned loads are fine on Armv7-M and the host), so C_in = 1 or 3 patches are not built a
+ * byte at a time. Out of line under KILN_OPTIMIZE_SIZE. */
+static KILN_SIZE_NOINLINE void kiln_put_s8(int8_t *pair, int32_t slot, int32_t k, const int8_t *src, int32_t step,
+                                           int32_t n)
 {
-    if (((k | n) & 3) == 0) {
-        int8_t *d = pair + 2 * k + 4 * slot;
-        for (int32_t i = 0; i < n; i += 4, d += 8) {
-            const uint32_t v = src ? kiln_read_s8x4(src + i) : v4;
-            __builtin_memcpy(d, &v, sizeof v);
-        }
-    } else {
-        for (int32_t i = 0; i < n; ++i, ++k) {
-            pair[2 * (k & ~3) + 4 * slot + (k & 3)] = src ? src[i] : (int8_t)v4;
-        }
+    int8_t *g = pair + 2 * (k & ~3) + 4 * slot;   /* this slot's 4 bytes of k's group */
+    int32_t j = k & 3;
+    if (j) {
+        for (; n > 0 && j < 4; --n, ++j, src += step) g[j] = *src;
+        g += 8;
     }
+    for (; n >= 4; n -= 4, g += 8, src += 4 * step) {
+        const uint32_t v = kiln_read_s8x4(src);
+        __builtin_memcpy(g, &v, sizeof v);
+    }
+    for (j = 0; n > 0; --n, ++j, src += step) g[j] = *src;
 }
 
 /* the padded patch of the output pixel whose window starts at (ih0, iw0) into slot `slot`
@@ -552,18 +555,20 @@ static __attribute__((noinline, unused)) void kiln_patch_s8(int8_t *pair, int32_
     const int32_t kw1 = W - iw0 < KW ? W - iw0 : KW;
     const int32_t row = KW * C, left = kw0 * C, mid = (kw1 - kw0) * C, right = (KW - kw1) * C;
     const int8_t *xr = x + (ih0 * W + iw0 + kw0) * C;
+    const int8_t *z = (const int8_t *)&z4;
+    static const uint32_t zero4 = 0;
     int32_t k = 0;
     for (int32_t kh = 0; kh < KH; ++kh, k += row, xr += W * C) {
         const int32_t ih = ih0 + kh;
         if (ih < 0 || ih >= H || mid <= 0) {
-            kiln_put_s8(pair, slot, k, 0, z4, row);
+            kiln_put_s8(pair, slot, k, z, 0, row);
         } else {
-            if (left) kiln_put_s8(pair, slot, k, 0, z4, left);
-            kiln_put_s8(pair, slot, k + left, xr, 0, mid);
-            if (right) kiln_put_s8(pair, slot, k + left + mid, 0, z4, right);
+            if (left) kiln_put_s8(pair, slot, k, z, 0, left);
+            kiln_put_s8(pair, slot, k + left, xr, 1, mid);
+            if (right) kiln_put_s8(pair, slot, k + left + mid, z, 0, right);
         }
     }
-    kiln_put_s8(pair, slot, K, 0, 0, kp - K);   /* the reduction padded to a multiple of 4 (zero weights) */
+    kiln_put_s8(pair, slot, K, (const int8_t *)&zero4, 0, kp - K);   /* the reduction padded to a multiple of 4 */
 }
 
 /* One image: x (H x W x C), output oh x ow pixels with O channels at y; window of output pixel
