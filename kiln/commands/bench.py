@@ -104,12 +104,12 @@ def markdown(rows, command):
               "no harness; TFLM = TFLM library .text + .tflite model bytes (no harness, startup, UART or "
               "libc), i.e. counted like Kiln model flash:", "",
               "| model | optimize | Kiln instructions | TFLM + CMSIS-NN | ratio | TFLM reference kernels | Kiln arena | TFLM arena "
-              "| Kiln image flash | Kiln model flash | TFLM flash (library + model) | model flash / TFLM |",
+              "| Kiln image flash | Kiln model flash | TFLM flash (library + model) | model flash / TFLM flash |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in m4:
             t = TFLM[r["model"]]
             mf = r.get("model_flash_bytes")
-            share = f"{mf / t['flash']:.3f}x" if mf else "n/a"
+            share = f"{100 * mf / t['flash']:.2f}%" if mf else "n/a"
             L.append(f"| {r['model']} | {r['optimize']} | {r['instructions']:,} | {t['cmsis_insn']:,} | {r['instructions'] / t['cmsis_insn']:.2f}x | "
                      f"{t['ref_insn']:,} | {r['arena_bytes']:,} | {t['arena']:,} | {_b(r['flash_bytes'])} | {_b(mf)} | "
                      f"{t['flash']:,} | {share} |")
