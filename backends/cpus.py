@@ -1,8 +1,10 @@
 """Compilation targets of the C backend: which schedules a core gets and how gcc builds for it.
 
-``dsp``: the core has the Armv7E-M/Armv8-M DSP extension (SXTB16/SMLAD): conv, depthwise and
-dense use the dual 16-bit MAC dot products of ``kiln_intrinsics.h``. ``host`` builds the same C
-(with the portable versions of the intrinsics) with the host compiler.
+``kernels``: int8 conv, depthwise, dense, add and softmax call Kiln's hand-written kernels in
+``kiln_intrinsics.h`` (every target; TVM's default schedules remain the fallback for what they do
+not cover). ``dsp``: the core has the Armv7E-M/Armv8-M DSP extension, so those kernels compile to
+SXTB16/SMLAD (dual 16-bit MACs); on Cortex-M0+/M3 and the host (``__ARM_FEATURE_DSP`` undefined)
+the same kernels use their portable C versions, which compute the same int32 results.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ class TargetSpec:
     cflags: tuple = ()            # arm-none-eabi-gcc flags ("" for host)
     float_hw: bool = False
     optimize: str = "size"        # "size" | "speed": weight storage, schedules.weight_bits
+    kernels: bool = True          # Kiln's kernels (kiln_intrinsics.h) where they apply
 
     @property
     def is_host(self):

@@ -123,7 +123,7 @@ def _add_int8(k, node, xs, t1, t2, ty):
     left_shift = ADD_LEFT_SHIFT
     (m1, sh1), (m2, sh2), (mo, sho) = add_params(t1.quant.scale[0], t2.quant.scale[0], ty.quant.scale[0])
     a, b = xs
-    if k.target.dsp and left_shift == 20 and max(sh1, sh2, sho) <= 0:
+    if k.target.kernels and left_shift == 20 and max(sh1, sh2, sho) <= 0:
         # kiln_add_s8 (kiln_intrinsics.h): the same arithmetic with SMMULR, exact for these bounds
         def fast(*i):
             v = tirx.call_extern("int32", "kiln_add_s8", _load(a, t1, ty, i).astype("int32"),

@@ -46,7 +46,7 @@ def requant_epilogue(k, node, acc, out_type, channels, axis_index, act, bound=No
     mult, shift = qmath.linear_requant(k.type(node.inputs[0]), k.type(node.inputs[1]), out_type, channels)
     zy = _zp(out_type)
     lo, hi = qmath.activation_range(act, _scale(out_type), zy)
-    if k.target.dsp and schedules.ENABLED and schedules.requant_bound_ok(bound, mult, shift, zy):
+    if k.target.kernels and schedules.ENABLED and schedules.requant_bound_ok(bound, mult, shift, zy):
         e = (-np.asarray(shift, np.int64))
         halfz = (np.left_shift(np.int64(1), e - 1) + np.int64(zy) * np.left_shift(np.int64(1), e)).astype(np.int32)
         if len(set(mult.tolist())) == 1 and len(set(shift.tolist())) == 1:
@@ -124,7 +124,7 @@ def lower_conv2d(k, node, xs):
     kh = te.reduce_axis((0, G["KH"]), "kh")
     kw = te.reduce_axis((0, G["KW"]), "kw")
     sh, sw, dh, dw = G["sh"], G["sw"], G["dh"], G["dw"]
-    dsp = q and k.target.dsp
+    dsp = q and k.target.kernels   # Kiln kernels (DSP or portable C)
     bias = xs[2] if len(xs) == 3 else None
     bound = None
     if depthwise and dsp and Og == 1 and schedules.ENABLED:
@@ -252,7 +252,7 @@ def lower_dense(k, node, xs):
             k.fail("int8 dense needs one weight zero point")
         zw = zws[0]
         bound = None
-        if k.target.dsp and zw == 0 and schedules.ENABLED and k.value(node.inputs[1]) is not None:
+        if k.target.kernels and zw == 0 and schedules.ENABLED and k.value(node.inputs[1]) is not None:
             # a 1x1 conv over a 1 x rows image of K channels: the fused conv kernel (one code path
             # for conv and dense; the tensorized schedule below when it does not apply)
             rows = int(np.prod(lead)) if lead else 1

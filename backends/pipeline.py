@@ -210,7 +210,8 @@ def emit_package(st):
         outputs.append(tinfo(v, off))
         off += g.types[v].nbytes
     target = st["target"]
-    sched = "Cortex-M DSP (SXTB16/SMLAD)" if target.dsp else "plain C"
+    sched = ("Kiln kernels, " + ("DSP (SXTB16/SMLAD)" if target.dsp else "portable C")) if target.kernels \
+        else "TVM default (plain C)"
     weight_bytes = emit.render(out_dir, model_name=st["model_name"], target=target.name, kernels=st["kernels"],
                                commands=commands, consts=consts, plan=p, inputs=inputs, outputs=outputs,
                                schedule=sched, optimize=target.optimize)

@@ -93,8 +93,14 @@ def int8_graph():
     return _int8_graph()
 
 
-@pytest.mark.parametrize("target", ["host", "cortex-m3"])   # DSP schedule (portable intrinsics), plain C
-def test_int8_ops_bit_exact(int8_graph, target, tmp_path_factory):
+# Kiln kernels (portable C) for the host and the M3; "plain": TVM's default schedules, the
+# fallback for what the kernels do not cover
+@pytest.mark.parametrize("target", ["host", "cortex-m3", "plain"])
+def test_int8_ops_bit_exact(int8_graph, target, tmp_path_factory, monkeypatch):
+    if target == "plain":
+        from kiln.backends import schedules
+        monkeypatch.setattr(schedules, "ENABLED", False)
+        target = "cortex-m3"
     pkg = compile_pkg(int8_graph, target=target, out_dir=tmp_path_factory.mktemp(target), plot=False,
                       measure_size=False)
     for trial in range(3):
@@ -207,9 +213,16 @@ def test_shared_model_goldens_bit_exact(shared_models, model, tmp_path):
     assert (tmp_path / "memory.png").exists() and (tmp_path / "manifest.json").exists()
 
 
-def test_plain_schedule_on_kws_bit_exact(shared_models, tmp_path):
+@pytest.mark.parametrize("plain", [False, True])
+def test_m0plus_on_kws_bit_exact(shared_models, tmp_path, monkeypatch, plain):
+    """Cortex-M0+: Kiln's kernels in portable C, and TVM's default schedules (the fallback)."""
+    if plain:
+        from kiln.backends import schedules
+        monkeypatch.setattr(schedules, "ENABLED", False)
     pkg = compile_pkg(os.path.join(shared_models, "kws_ref_model.tflite"), target="cortex-m0plus",
                       out_dir=tmp_path, plot=False, measure_size=False)
+    src = (tmp_path / "kernels.c").read_text()
+    assert ("kiln_conv_s8(" in src) != plain
     z = np.load(os.path.join(shared_models, "kws_ref_model.golden.npz"))
     for k in range(0, 8, 3):
         np.testing.assert_array_equal(pkg.run(z[f"in_{k}"])[0], z[f"out_{k}"])
