@@ -8,7 +8,9 @@ reduction) loops with a tensor intrinsic whose implementation calls ``kiln_dot{4
 (``kiln_intrinsics.h``: SXTB16/SMLAD against int16 weights packed at compile time by
 ``pack_w16``, two MACs per instruction, with a portable C version for host builds). The input
 zero point is folded into the bias at compile time (``fold_zero_point``).
-Plain-C targets (Cortex-M0+/M3) keep the default schedule of ``lower.py``.
+On Cortex-M0+/M3 (no DSP extension) the same helpers compile to their portable C versions
+(``cpus.TargetSpec.kernels``); ``ENABLED = False`` falls back to the default schedule of
+``lower.py`` everywhere (tests use it to keep that path covered).
 """
 from __future__ import annotations
 
