@@ -295,6 +295,24 @@ static inline int32_t kiln_rq_s8(int32_t acc, int32_t mult, int32_t halfz, int32
     return kiln_clamp_i32(kiln_dw_requant(acc * 2, mult, halfz, shift), lo, hi);
 }
 
+/* four requantised outputs -> int8 clamped to [lo, hi], bytes y0 y1 y2 y3 of one word */
+static inline uint32_t kiln_pack4_clamp(int32_t y0, int32_t y1, int32_t y2, int32_t y3, int32_t lo, int32_t hi)
+{
+#if KILN_HAVE_DSP
+    const uint32_t lo4 = ((uint32_t)lo & 0xFFu) * 0x01010101u, hi4 = ((uint32_t)hi & 0xFFu) * 0x01010101u;
+    const uint32_t t02 = __uxtb16(kiln_pkhbt16((uint32_t)__ssat(y0, 8), (uint32_t)__ssat(y2, 8)));
+    const uint32_t t13 = __uxtb16(kiln_pkhbt16((uint32_t)__ssat(y1, 8), (uint32_t)__ssat(y3, 8)));
+    uint32_t packed = t02 | (t13 << 8);
+    (void)__ssub8(packed, lo4);
+    packed = __sel(packed, lo4);
+    (void)__ssub8(hi4, packed);
+    return __sel(packed, hi4);
+#else
+    return ((uint32_t)kiln_clamp_i32(y0, lo, hi) & 0xFFu) | (((uint32_t)kiln_clamp_i32(y1, lo, hi) & 0xFFu) << 8) |
+           (((uint32_t)kiln_clamp_i32(y2, lo, hi) & 0xFFu) << 16) | ((uint32_t)kiln_clamp_i32(y3, lo, hi) << 24);
+#endif
+}
+
 #if KILN_HAVE_DSP
 #define KILN_DW_TAP(XP, WP, WO)                                                     \
     do {                                                                          \
@@ -329,7 +347,6 @@ static __attribute__((noinline, unused)) void kiln_dw_s8(const int8_t *x, int32_
 {
 #if KILN_HAVE_DSP
     const uint32_t off2 = ((uint32_t)a_offset & 0xFFFFu) | ((uint32_t)a_offset << 16);
-    const uint32_t lo4 = ((uint32_t)lo & 0xFFu) * 0x01010101u, hi4 = ((uint32_t)hi & 0xFFu) * 0x01010101u;
 #endif
     (void)zy;
     const int full3 = nh == 3 && nw == 3 && w_row == 24;
@@ -361,21 +378,7 @@ static __attribute__((noinline, unused)) void kiln_dw_s8(const int8_t *x, int32_
         const int32_t y1 = kiln_dw_requant(s1, q[5], q[9], q[13]);
         const int32_t y2 = kiln_dw_requant(s2, q[6], q[10], q[14]);
         const int32_t y3 = kiln_dw_requant(s3, q[7], q[11], q[15]);
-#if KILN_HAVE_DSP
-        /* saturate to int8, pack the four bytes, then the activation clamp per byte (SSUB8 + SEL) */
-        const uint32_t t02 = __uxtb16(kiln_pkhbt16((uint32_t)__ssat(y0, 8), (uint32_t)__ssat(y2, 8)));
-        const uint32_t t13 = __uxtb16(kiln_pkhbt16((uint32_t)__ssat(y1, 8), (uint32_t)__ssat(y3, 8)));
-        uint32_t packed = t02 | (t13 << 8);
-        (void)__ssub8(packed, lo4);
-        packed = __sel(packed, lo4);
-        (void)__ssub8(hi4, packed);
-        packed = __sel(packed, hi4);
-#else
-        const uint32_t packed = ((uint32_t)kiln_clamp_i32(y0, lo, hi) & 0xFFu) |
-                                (((uint32_t)kiln_clamp_i32(y1, lo, hi) & 0xFFu) << 8) |
-                                (((uint32_t)kiln_clamp_i32(y2, lo, hi) & 0xFFu) << 16) |
-                                ((uint32_t)kiln_clamp_i32(y3, lo, hi) << 24);
-#endif
+        const uint32_t packed = kiln_pack4_clamp(y0, y1, y2, y3, lo, hi);
         __builtin_memcpy(y, &packed, sizeof packed);
     }
 }
@@ -394,24 +397,6 @@ static __attribute__((noinline, unused)) void kiln_dw_s8(const int8_t *x, int32_
  * q: per block of 2 channels {bias0, bias1, mult0, mult1} (int32), then one byte per channel:
  * e, the right shift (>= 1); zh = 1 + 2 * zy, so half + (zy << e) = zh << (e - 1). Requantisation as kiln_dw_s8
  * (exact: schedules.requant_bound_ok holds, checked at compile time). */
-
-/* four requantised outputs -> int8 clamped to [lo, hi], bytes y0 y1 y2 y3 of one word */
-static inline uint32_t kiln_pack4_clamp(int32_t y0, int32_t y1, int32_t y2, int32_t y3, int32_t lo, int32_t hi)
-{
-#if KILN_HAVE_DSP
-    const uint32_t lo4 = ((uint32_t)lo & 0xFFu) * 0x01010101u, hi4 = ((uint32_t)hi & 0xFFu) * 0x01010101u;
-    const uint32_t t02 = __uxtb16(kiln_pkhbt16((uint32_t)__ssat(y0, 8), (uint32_t)__ssat(y2, 8)));
-    const uint32_t t13 = __uxtb16(kiln_pkhbt16((uint32_t)__ssat(y1, 8), (uint32_t)__ssat(y3, 8)));
-    uint32_t packed = t02 | (t13 << 8);
-    (void)__ssub8(packed, lo4);
-    packed = __sel(packed, lo4);
-    (void)__ssub8(hi4, packed);
-    return __sel(packed, hi4);
-#else
-    return ((uint32_t)kiln_clamp_i32(y0, lo, hi) & 0xFFu) | (((uint32_t)kiln_clamp_i32(y1, lo, hi) & 0xFFu) << 8) |
-           (((uint32_t)kiln_clamp_i32(y2, lo, hi) & 0xFFu) << 16) | ((uint32_t)kiln_clamp_i32(y3, lo, hi) << 24);
-#endif
-}
 
 /* requantise acc (not doubled) with multiplier m, right shift e >= 1, zh = 1 + 2 * zy */
 static inline int32_t kiln_rq_e(int32_t acc, int32_t m, int32_t e, int32_t zh)
