@@ -405,73 +405,52 @@ static inline int32_t kiln_rq_e(int32_t acc, int32_t m, int32_t e, int32_t zh)
 }
 
 #if KILN_HAVE_DSP
+/* the four SMLADs of one weight pair (WL, WH: lanes {0,2} and {1,3}) against both pixels */
+#define KILN_D22_MACS(WL, WH, S0, S1)                                             \
+    S0 = (int32_t)__smlad(a0l_, (WL), S0);                                        \
+    S0 = (int32_t)__smlad(a0h_, (WH), S0);                                        \
+    S1 = (int32_t)__smlad(a1l_, (WL), S1);                                        \
+    S1 = (int32_t)__smlad(a1h_, (WH), S1)
+#define KILN_D22_INPUT(OFF)                                                       \
+    uint32_t a0_, a1_, w0_, w1_;                                                  \
+    KILN_LDRD(a0_, a1_, a, (OFF));                                                \
+    const uint32_t a0l_ = __sxtb16(a0_), a0h_ = kiln_sxtb16_ror8(a0_);            \
+    const uint32_t a1l_ = __sxtb16(a1_), a1h_ = kiln_sxtb16_ror8(a1_)
+/* int8 weights (pack_w8, nb = 2): each weight word sign-extended once for both pixels */
 #define KILN_D22_STEP(OFF)                                                        \
     do {                                                                          \
-        uint32_t a0_, a1_, w0_, w1_;                                              \
-        KILN_LDRD(a0_, a1_, a, (OFF));                                            \
+        KILN_D22_INPUT(OFF);                                                      \
         KILN_LDRD(w0_, w1_, w, (OFF));                                            \
-        const uint32_t a0l_ = __sxtb16(a0_), a0h_ = kiln_sxtb16_ror8(a0_);        \
-        const uint32_t a1l_ = __sxtb16(a1_), a1h_ = kiln_sxtb16_ror8(a1_);        \
-        uint32_t wl_ = __sxtb16(w0_), wh_ = kiln_sxtb16_ror8(w0_);                \
-        s00 = (int32_t)__smlad(a0l_, wl_, s00);                                   \
-        s00 = (int32_t)__smlad(a0h_, wh_, s00);                                   \
-        s10 = (int32_t)__smlad(a1l_, wl_, s10);                                   \
-        s10 = (int32_t)__smlad(a1h_, wh_, s10);                                   \
-        wl_ = __sxtb16(w1_);                                                      \
-        wh_ = kiln_sxtb16_ror8(w1_);                                              \
-        s01 = (int32_t)__smlad(a0l_, wl_, s01);                                   \
-        s01 = (int32_t)__smlad(a0h_, wh_, s01);                                   \
-        s11 = (int32_t)__smlad(a1l_, wl_, s11);                                   \
-        s11 = (int32_t)__smlad(a1h_, wh_, s11);                                   \
+        KILN_D22_MACS(__sxtb16(w0_), kiln_sxtb16_ror8(w0_), s00, s10);            \
+        KILN_D22_MACS(__sxtb16(w1_), kiln_sxtb16_ror8(w1_), s01, s11);            \
     } while (0)
-#else
-#define KILN_D22_STEP(OFF)                                                        \
-    do {                                                                          \
-        for (int32_t t_ = 0; t_ < 4; ++t_) {                                      \
-            const int32_t x0_ = a[(OFF) + t_], x1_ = a[(OFF) + 4 + t_];           \
-            const int32_t v0_ = w[(OFF) + t_], v1_ = w[(OFF) + 4 + t_];           \
-            s00 += x0_ * v0_;                                                     \
-            s01 += x0_ * v1_;                                                     \
-            s10 += x1_ * v0_;                                                     \
-            s11 += x1_ * v1_;                                                     \
-        }                                                                         \
-    } while (0)
-#endif
-
-#if KILN_HAVE_DSP
-/* int16 weights (pack_w16 with nb = 2: per group of 4 reduction indices and channel
+/* int16 weights (pack_w16, nb = 2: per group of 4 reduction indices and channel
  * {w[k], w[k+2], w[k+1], w[k+3]}, the lanes SXTB16 / SXTB16 ROR #8 give from an input word) */
 #define KILN_D22W_STEP(OFF)                                                       \
     do {                                                                          \
-        uint32_t a0_, a1_, w0_, w1_;                                              \
-        KILN_LDRD(a0_, a1_, a, (OFF));                                            \
-        const uint32_t a0l_ = __sxtb16(a0_), a0h_ = kiln_sxtb16_ror8(a0_);        \
-        const uint32_t a1l_ = __sxtb16(a1_), a1h_ = kiln_sxtb16_ror8(a1_);        \
+        KILN_D22_INPUT(OFF);                                                      \
         KILN_LDRD(w0_, w1_, w, 2 * (OFF));                                        \
-        s00 = (int32_t)__smlad(a0l_, w0_, s00);                                   \
-        s00 = (int32_t)__smlad(a0h_, w1_, s00);                                   \
-        s10 = (int32_t)__smlad(a1l_, w0_, s10);                                   \
-        s10 = (int32_t)__smlad(a1h_, w1_, s10);                                   \
+        KILN_D22_MACS(w0_, w1_, s00, s10);                                        \
         KILN_LDRD(w0_, w1_, w, 2 * (OFF) + 8);                                    \
-        s01 = (int32_t)__smlad(a0l_, w0_, s01);                                   \
-        s01 = (int32_t)__smlad(a0h_, w1_, s01);                                   \
-        s11 = (int32_t)__smlad(a1l_, w0_, s11);                                   \
-        s11 = (int32_t)__smlad(a1h_, w1_, s11);                                   \
+        KILN_D22_MACS(w0_, w1_, s01, s11);                                        \
     } while (0)
 #else
-#define KILN_D22W_STEP(OFF)                                                       \
+/* portable: WAT(B, t) is weight t of the 4-group at B (channel 0 at OFF, channel 1 at OFF + 4) */
+#define KILN_D22_C(OFF, WAT)                                                      \
     do {                                                                          \
-        static const int8_t perm_[4] = {0, 2, 1, 3};                              \
         for (int32_t t_ = 0; t_ < 4; ++t_) {                                      \
             const int32_t x0_ = a[(OFF) + t_], x1_ = a[(OFF) + 4 + t_];           \
-            const int32_t v0_ = kiln_w16_at(w, (OFF) + perm_[t_]);                \
-            const int32_t v1_ = kiln_w16_at(w, (OFF) + 4 + perm_[t_]);            \
+            const int32_t v0_ = WAT((OFF), t_), v1_ = WAT((OFF) + 4, t_);         \
             s00 += x0_ * v0_;                                                     \
             s01 += x0_ * v1_;                                                     \
             s10 += x1_ * v0_;                                                     \
             s11 += x1_ * v1_;                                                     \
         }                                                                         \
     } while (0)
+#define KILN_W8_AT(B, T) ((int32_t)w[(B) + (T)])
+#define KILN_W16_AT(B, T) kiln_w16_at(w, (B) + ((T) == 1 ? 2 : (T) == 2 ? 1 : (T)))   /* {0,2,1,3} */
+#define KILN_D22_STEP(OFF) KILN_D22_C(OFF, KILN_W8_AT)
+#define KILN_D22W_STEP(OFF) KILN_D22_C(OFF, KILN_W16_AT)
 #endif
 
 /* All O output channels of one pixel pair, 2 at a time. a: the interleaved patch pair (8-byte
