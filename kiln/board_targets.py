@@ -12,7 +12,8 @@ def _runner(board_name):
     def runner(model, inputs, options):
         from kiln import hil
         out = options.get("out") or tempfile.mkdtemp(prefix=f"kiln_{board_name}_")
-        image, pkg_dir = hil.build_for_board(model, board_name, out)
+        image, pkg_dir = hil.build_for_board(model, board_name, out, port=options.get("port"),
+                                             lab_map=options.get("lab_map"))
         res = hil.run_on_board(image, pkg_dir, inputs, port=options.get("port"), lab_map=options.get("lab_map"))
         options["board_run"] = res.to_dict()
         return res.outputs

@@ -57,11 +57,22 @@ def board_target(board):
     return b.core
 
 
-def build_for_board(model, board, out_dir, *, emulate=None, ram_budget=None, stack_size=8192, optimize="size"):
+def emulate_by_default(board, port=None, lab_map=None):
+    """Whether a run on ``board`` uses the QEMU stand-in: a real board with no port given and no
+    lab-map entry for it runs its stand-in image (same core and memory sizes) under QEMU; with a
+    port or a lab-map entry the real image is built and flashed."""
+    if board.emulated or port:
+        return False
+    return not (lab_map is not None and board.name in lab_map.boards())
+
+
+def build_for_board(model, board, out_dir, *, emulate=None, ram_budget=None, stack_size=8192, optimize="size",
+                    port=None, lab_map=None):
     """Compile (unless ``model`` is already a package folder) and build firmware for ``board``.
-    Returns (image, package_dir). A real board is built with its real memory sizes; with
-    ``emulate`` (default: when the board is not emulated) the image also runs in QEMU on the
-    machine with the same core."""
+    Returns (image, package_dir). A real board is built with its real memory sizes; ``emulate``
+    builds its QEMU stand-in instead (the machine with the same core; default:
+    :func:`emulate_by_default` for ``port`` / ``lab_map``, i.e. the real image only when there is
+    real hardware to run it on)."""
     from kiln import boards, firmware
     b = boards.load(board) if isinstance(board, str) else board
     if isinstance(model, (str, os.PathLike)) and is_package(os.fspath(model)):
@@ -75,7 +86,7 @@ def build_for_board(model, board, out_dir, *, emulate=None, ram_budget=None, sta
         pkg_dir = os.path.join(out_dir, "package")
         compile_model(model, b.core, pkg_dir, ram_budget=ram_budget or b.ram_region.size, optimize=optimize)
     if emulate is None:
-        emulate = not b.emulated
+        emulate = emulate_by_default(b, port, lab_map)
     image = firmware.build(pkg_dir, b, os.path.join(out_dir, "firmware"), emulate=emulate, stack_size=stack_size)
     return image, pkg_dir
 

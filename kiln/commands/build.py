@@ -12,14 +12,16 @@ def add_arguments(p):
     p.add_argument("--board", required=True, help="board name (see `kiln boards`)")
     p.add_argument("-o", "--out", default=None, help="output folder (default: build/<board>)")
     p.add_argument("--emulate", action="store_true",
-                   help="for a real board: also make the image runnable in QEMU (real memory sizes kept)")
+                   help="for a real board: build its QEMU stand-in instead (the emulated machine with the same "
+                        "core, the real board's flash and RAM sizes)")
     p.add_argument("--stack-size", type=int, default=8192)
 
 
 def run(args):
     from kiln import hil
     out = args.out or os.path.join("build", args.board)
-    image, pkg_dir = hil.build_for_board(args.model, args.board, out, emulate=args.emulate or None,
+    # a real board's image by default; --emulate: its QEMU stand-in (same core and memory sizes)
+    image, pkg_dir = hil.build_for_board(args.model, args.board, out, emulate=args.emulate,
                                          stack_size=args.stack_size, optimize=args.optimize)
     sizes = image.sizes.to_dict()
     rep = {"board": args.board, "package": pkg_dir, "elf": str(image.elf), "bin": str(image.bin),

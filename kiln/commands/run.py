@@ -49,7 +49,8 @@ def run(args):
         from kiln.boards.labmap import load_lab_map
         lab_map = load_lab_map(args.lab_map)
     out = args.out or tempfile.mkdtemp(prefix=f"kiln_run_{args.board}_")
-    image, pkg_dir = hil.build_for_board(args.model, board, out, optimize=args.optimize)
+    image, pkg_dir = hil.build_for_board(args.model, board, out, optimize=args.optimize, port=args.port,
+                                         lab_map=lab_map)
     graph = hil.package_graph(pkg_dir)
     xs = _inputs(graph, args)
     ref = hil.reference_outputs(graph, xs)

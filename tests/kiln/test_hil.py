@@ -2,6 +2,7 @@
 compiled by Kiln and run on the boards given with --board (default mps2-an386, mps3-an547; a
 real board with --port / --lab-map runs the same tests), bit-exact with the int8 reference."""
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -80,3 +81,31 @@ def test_verify_fails_on_a_wrong_golden(shared_models, tmp_path):
     rep = verify(os.path.join(shared_models, "kws_ref_model.tflite"), str(bad), "host")
     assert not rep["ok"] and rep["matched"] == 7
     assert rep["results"][3]["mismatches"][0]["index"] == [0, 5]
+
+
+def test_real_boards_run_their_stand_in_only_without_hardware(tmp_path):
+    """A real board's run uses its QEMU stand-in unless a port or a lab-map entry names real
+    hardware; then the real image (the board's own memory map, UART and boot2) is built."""
+    from kiln import boards, hil
+    from kiln.boards.labmap import load_lab_map
+    nucleo, an386 = boards.load("nucleo-l4r5zi"), boards.load("mps2-an386")
+    assert hil.emulate_by_default(nucleo) is True
+    assert hil.emulate_by_default(nucleo, port="/dev/ttyACM0") is False
+    assert hil.emulate_by_default(an386) is False
+    lab = tmp_path / "lab.toml"
+    lab.write_text('[[board]]\nname = "nucleo-l4r5zi"\nport = "/dev/ttyACM0"\n')
+    assert hil.emulate_by_default(nucleo, lab_map=load_lab_map(lab)) is False
+    assert hil.emulate_by_default(boards.load("rpi-pico"), lab_map=load_lab_map(lab)) is True
+
+
+def test_kiln_build_makes_the_real_image_of_a_real_board(capsys, shared_models, tmp_path):
+    import json
+    from kiln.cli import main
+    m = os.path.join(shared_models, "kws_ref_model.tflite")
+    for emulate, origin in ((False, 0x08000000), (True, 0x0)):
+        argv = ["build", m, "--board", "nucleo-l4r5zi", "-o", str(tmp_path / str(emulate)), "--json"]
+        assert main(argv + (["--emulate"] if emulate else [])) == 0
+        rep = json.loads(capsys.readouterr().out)
+        out = subprocess.run(["arm-none-eabi-nm", rep["elf"]], capture_output=True, text=True, check=True).stdout
+        vec = next(int(line.split()[0], 16) for line in out.splitlines() if line.endswith(" kiln_vectors"))
+        assert vec == origin, (emulate, hex(vec))
