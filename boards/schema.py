@@ -16,6 +16,7 @@ from .cores import CORES, Core
 
 UART_KINDS = ("cmsdk", "stm32-usart", "nrf-uarte", "rp2040-pl011")
 FPU_KINDS = ("none", "sp", "dp")
+BOOT2_KINDS = ("rp2040-generic-03h",)   # second-stage bootloaders kiln.firmware.boot2 builds
 FLASH_METHODS = {
     # method -> {option: (type, required)}
     "qemu": {},
@@ -92,6 +93,7 @@ class Board:
     qemu: Qemu
     path: Path | None = None
     emulates: str | None = None      # set on a derived board: the real board it stands in for
+    boot2: str | None = None         # second-stage bootloader placed at the start of flash
 
     @property
     def core_info(self) -> Core:
@@ -117,6 +119,7 @@ _SCHEMA: dict[str, Any] = {
     "dsp": (bool, True),
     "clock_hz": (_INT, True),
     "irq_count": (_INT, True),
+    "boot2": (str, False, BOOT2_KINDS),
     "memory": {
         "flash": {"origin": (_INT, True), "size": (_INT, True)},
         "ram": {"origin": (_INT, True), "size": (_INT, True)},
@@ -259,4 +262,5 @@ def validate(data: dict, where: str) -> Board:
         flash=FlashMethod(method=fl.pop("method"), options=fl),
         qemu=Qemu(machine=q["machine"], extra_args=tuple(q.get("extra_args", ()))),
         path=Path(where),
+        boot2=data.get("boot2"),
     )

@@ -170,6 +170,9 @@ def build(package_dir: str | os.PathLike, board: Board | str, out_dir: str | os.
 
     sources = sorted(RUNTIME_DIR.glob("*.c")) + [DRIVER_DIR / DRIVERS[board.uart.kind],
                                                  DRIVER_DIR / "uart_common.c", gen / "startup.c"]
+    if board.boot2:
+        from .boot2 import build as build_boot2
+        sources.append(build_boot2(board.boot2, gen, gcc, tool("objcopy", prefix)))
     sources += sorted(package_dir.glob("*.c"))
     elf = out_dir / "firmware.elf"
     mapf = out_dir / "firmware.map"

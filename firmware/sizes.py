@@ -1,7 +1,7 @@
 """Flash/RAM accounting from ``arm-none-eabi-size -A``, and the model's share of flash from the
 linker map.
 
-flash = .text (+ .ARM.exidx) + .rodata + .data (its load image)
+flash = .text (+ .ARM.exidx, + .boot2 on the RP2040) + .rodata + .data (its load image)
 RAM   = .data + .bss + .stack + .noinit        (the arena is part of .bss)
 
 :func:`flash_split` splits that same flash figure into what comes from the compiled model
@@ -20,7 +20,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-_FLASH_ONLY = (".text", ".rodata", ".ARM.exidx")
+_FLASH_ONLY = (".boot2", ".text", ".rodata", ".ARM.exidx")   # .boot2: the RP2040 second stage
 _RAM_ONLY = (".bss", ".stack", ".noinit")
 
 
@@ -67,7 +67,7 @@ def parse_size_output(text: str, *, flash_total: int, ram_total: int, arena: int
         if len(parts) == 3 and parts[0].startswith(".") and parts[1].isdigit():
             sections[parts[0]] = int(parts[1])
     g = sections.get
-    text_b = g(".text", 0) + g(".ARM.exidx", 0)
+    text_b = g(".boot2", 0) + g(".text", 0) + g(".ARM.exidx", 0)
     data = g(".data", 0)
     flash_used = sum(g(s, 0) for s in _FLASH_ONLY) + data
     ram_used = data + sum(g(s, 0) for s in _RAM_ONLY)

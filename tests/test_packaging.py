@@ -4,7 +4,7 @@ import os
 import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = (".py", ".c", ".h", ".j2", ".ld", ".toml")
+DATA = (".py", ".c", ".h", ".j2", ".ld", ".toml", ".S")
 
 
 def test_packages_cover_every_source_folder():
