@@ -66,8 +66,18 @@ def rows(shape):
     return np.clip(x, -128, 127).astype(np.int8).reshape(shape)
 
 
-@pytest.fixture(scope="module")
-def softmax_pkg(tmp_path_factory):
+@pytest.fixture(scope="module", params=[True, False], ids=["kiln_softmax_s8", "tvm-stages"])
+def softmax_pkg(tmp_path_factory, request):
+    """The C helper, and TVM's per-row stages (the path of a softmax fused behind another op)."""
+    from kiln.backends import ops_misc
+    old, ops_misc.SOFTMAX_HELPER = ops_misc.SOFTMAX_HELPER, request.param
+    try:
+        yield _softmax_pkg(tmp_path_factory, request.param)
+    finally:
+        ops_misc.SOFTMAX_HELPER = old
+
+
+def _softmax_pkg(tmp_path_factory, helper):
     g = Graph("softmax_tables")
     for k, (scale, shape) in enumerate(CASES):
         g.add_input(f"x{k}", TensorType(shape, "int8", q(scale, int(RNG.integers(-20, 20)))))
@@ -75,7 +85,9 @@ def softmax_pkg(tmp_path_factory):
                    out_type=TensorType(shape, "int8", q(1 / 256, -128)))
     g.outputs = [f"sm{k}" for k in range(len(CASES))]
     out = tmp_path_factory.mktemp("softmax_tables")
-    return g, compile_pkg(g, target="host", out_dir=out, plot=False, measure_size=False), out
+    pkg = compile_pkg(g, target="host", out_dir=out, plot=False, measure_size=False)
+    assert ("kiln_softmax_s8(" in (out / "kernels.c").read_text()) == helper
+    return g, pkg, out
 
 
 def test_softmax_bit_exact_with_reference(softmax_pkg):
