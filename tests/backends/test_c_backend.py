@@ -63,6 +63,8 @@ def _int8_graph():
     conv("c_dw_valid", c1, 16, 3, 2, 1, "relu", groups=16, padding="valid", stride=[1, 2])
     g.add_node("pad", ["x"], {"pads": [0, 0, 1, 2, 2, 1, 0, 0]}, name="padded", out_type=TensorType((1, 10, 9, 8), "int8", q(0.05, 3)))
     conv("c_after_pad", "padded", 6, 3, 3, 8, "none")
+    # an odd number of output pixels (5 x 5): the fused conv's last pixel pair holds one pixel
+    conv("c_oddpix", "x", 6, 3, 2, 8, "relu", padding="valid")
     g.add_node("avg_pool2d", [c1], {"pool": [3, 3], "stride": [2, 2], "padding": "same"}, name="avg",
                out_type=g.types[c1].with_shape((1, 4, 3, 16)))
     g.add_node("max_pool2d", [c1], {"pool": [2, 2]}, name="maxp", out_type=g.types[c1].with_shape((1, 3, 3, 16)))
@@ -78,12 +80,18 @@ def _int8_graph():
     g.add_const("d_w", wd, QParams((0.004,), (0,)))
     g.add_const("d_b", RNG.integers(-500, 500, 10).astype(np.int32))
     g.add_node("dense", ["flat", "d_w", "d_b"], name="dense", out_type=TensorType((1, 10), "int8", q(0.15, 2)))
+    # dense over many rows (7 x 6 pixels of 8 channels): the fused conv kernel as a 1x1 conv
+    g.add_const("d2_w", i8((6, 8)), QParams(tuple(float(v) for v in RNG.uniform(0.002, 0.02, 6)), (0,) * 6, 0))
+    g.add_const("d2_b", RNG.integers(-500, 500, 6).astype(np.int32))
+    g.add_node("dense", ["c_1x1", "d2_w", "d2_b"], {"activation": "relu"}, name="dense_rows",
+               out_type=TensorType((1, 7, 6, 6), "int8", q(0.12, -1)))
     g.add_node("softmax", ["dense"], name="softmax", out_type=TensorType((1, 10), "int8", q(1 / 256, -128)))
     g.add_node("concat", ["c_same", "c_same"], {"axis": 3}, name="cat", out_type=TensorType((1, 7, 6, 32), "int8", g.types["c_same"].quant))
     g.add_node("dequantize", ["softmax"], name="deq", out_type=TensorType((1, 10), "float32"))
     g.add_node("quantize", ["deq"], {"scale": [0.01], "zero_point": [5]}, name="req",
                out_type=TensorType((1, 10), "int8", q(0.01, 5)))
-    outs += ["padded", "avg", "maxp", "mean", "add_relu", "mul", "sig", "tanh", "dense", "softmax", "cat", "deq", "req"]
+    outs += ["padded", "avg", "maxp", "mean", "add_relu", "mul", "sig", "tanh", "dense", "dense_rows", "softmax", "cat",
+             "deq", "req"]
     g.outputs = outs
     return g
 
