@@ -59,12 +59,11 @@ def pack_w16(w2, nb):
 # W16_MAX_BYTES in the int16 packing (pack_w16: no sign extension in the inner loop, twice the
 # flash). docs/backend.md "Schedules" has the measured trade-off.
 W16_MAX_BYTES = 4096
-OPTIMIZE = ("size", "speed")
 
 
 def weight_bits(O, K, optimize="size"):
-    if optimize not in OPTIMIZE:
-        raise ValueError(f"optimize must be one of {OPTIMIZE}, got {optimize!r}")
+    """8 or 16: how a conv/dense with (O, K) weights stores them (``optimize`` was checked by
+    cpus.get)."""
     return 16 if optimize == "speed" and O * K <= W16_MAX_BYTES else 8
 
 

@@ -27,7 +27,7 @@ def add_arguments(p):
         os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))), "shared")))
     p.add_argument("--markdown", default=BENCHMARKS_MD, help="where to write the table")
     p.add_argument("--no-write", action="store_true")
-    p.add_argument("--optimize", default=None, choices=["size", "speed"],
+    p.add_argument("--optimize", default=None, choices=["size", "speed"],   # None: both (see help)
                    help="weight storage for every run (default: size on every board, and also speed on "
                         "mps2-an386 for the comparison with TFLM)")
 

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import os
 
+from kiln.commands import add_optimize_argument
+
 
 def add_arguments(p):
     p.add_argument("model", help=".tflite, Kiln graph .json, or a package folder from `kiln compile`")
-    p.add_argument("--optimize", default="size", choices=["size", "speed"],
-                   help="Cortex-M weight storage: size (int8 everywhere, default) or speed (int16-packed "
-                        "weights for layers up to 4 KiB: fewer instructions, more flash)")
+    add_optimize_argument(p)
     p.add_argument("--board", required=True, help="board name (see `kiln boards`)")
     p.add_argument("-o", "--out", default=None, help="output folder (default: build/<board>)")
     p.add_argument("--emulate", action="store_true",

@@ -3,13 +3,12 @@ host), or with --target cuda to a CUDA package (.cu sources, launch plan, weight
 from __future__ import annotations
 
 from kiln.backends.cpus import TARGETS
+from kiln.commands import add_optimize_argument
 
 
 def add_arguments(p):
     p.add_argument("model", help="model file: .tflite or Kiln graph .json")
-    p.add_argument("--optimize", default="size", choices=["size", "speed"],
-                   help="Cortex-M weight storage: size (int8 everywhere, default) or speed (int16-packed "
-                        "weights for layers up to 4 KiB: fewer instructions, more flash)")
+    add_optimize_argument(p)
     p.add_argument("--target", default="cortex-m4", choices=sorted(TARGETS) + ["cuda"],
                    help="C backend target (default cortex-m4), or cuda")
     p.add_argument("--arch", default="sm_90", help="CUDA architecture for --target cuda (default sm_90)")

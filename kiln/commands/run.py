@@ -8,14 +8,13 @@ import tempfile
 
 import numpy as np
 
+from kiln.commands import add_optimize_argument
 from kiln.frontend.errors import KilnError
 
 
 def add_arguments(p):
     p.add_argument("model", help=".tflite, Kiln graph .json, or a package folder")
-    p.add_argument("--optimize", default="size", choices=["size", "speed"],
-                   help="Cortex-M weight storage: size (int8 everywhere, default) or speed (int16-packed "
-                        "weights for layers up to 4 KiB: fewer instructions, more flash)")
+    add_optimize_argument(p)
     p.add_argument("--board", default=None, help="board name (see `kiln boards`)")
     p.add_argument("--target", default=None, help="'cuda' to run a CUDA package on the GPU")
     p.add_argument("--inputs", type=int, default=4, help="number of seeded random inputs (default 4)")
