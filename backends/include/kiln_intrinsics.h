@@ -208,35 +208,19 @@ KILN_DEF_DOTW8(2, kiln_dot2_w8_o, 0)
 KILN_DEF_DOTW8(1, kiln_dot1_w8_z, 1)
 KILN_DEF_DOTW8(1, kiln_dot1_w8_o, 0)
 
-static inline void kiln_dot4_w8(const int8_t *a, const int8_t *w, int32_t n, int32_t a_offset, int32_t *acc)
-{
-    if (a_offset == 0) kiln_dot4_w8_z(a, w, n, 0, acc); else kiln_dot4_w8_o(a, w, n, a_offset, acc);
-}
-
-static inline void kiln_dot2_w8(const int8_t *a, const int8_t *w, int32_t n, int32_t a_offset, int32_t *acc)
-{
-    if (a_offset == 0) kiln_dot2_w8_z(a, w, n, 0, acc); else kiln_dot2_w8_o(a, w, n, a_offset, acc);
-}
-
-static inline void kiln_dot1_w8(const int8_t *a, const int8_t *w, int32_t n, int32_t a_offset, int32_t *acc)
-{
-    if (a_offset == 0) kiln_dot1_w8_z(a, w, n, 0, acc); else kiln_dot1_w8_o(a, w, n, a_offset, acc);
-}
-
-static inline void kiln_dot4_w16(const int8_t *a, const int8_t *w, int32_t n, int32_t a_offset, int32_t *acc)
-{
-    if (a_offset == 0) kiln_dot4_w16_z(a, w, n, 0, acc); else kiln_dot4_w16_o(a, w, n, a_offset, acc);
-}
-
-static inline void kiln_dot2_w16(const int8_t *a, const int8_t *w, int32_t n, int32_t a_offset, int32_t *acc)
-{
-    if (a_offset == 0) kiln_dot2_w16_z(a, w, n, 0, acc); else kiln_dot2_w16_o(a, w, n, a_offset, acc);
-}
-
-static inline void kiln_dot1_w16(const int8_t *a, const int8_t *w, int32_t n, int32_t a_offset, int32_t *acc)
-{
-    if (a_offset == 0) kiln_dot1_w16_z(a, w, n, 0, acc); else kiln_dot1_w16_o(a, w, n, a_offset, acc);
-}
+/* kiln_dot{4,2,1}_w{8,16}: the zero-offset variant when a_offset is 0 (a compile-time constant at
+ * every call site, so the branch folds away) */
+#define KILN_DEF_DOT_PICK(NAME)                                                                  \
+    static inline void NAME(const int8_t *a, const int8_t *w, int32_t n, int32_t a_offset, int32_t *acc) \
+    {                                                                                        \
+        if (a_offset == 0) NAME##_z(a, w, n, 0, acc); else NAME##_o(a, w, n, a_offset, acc);  \
+    }
+KILN_DEF_DOT_PICK(kiln_dot4_w8)
+KILN_DEF_DOT_PICK(kiln_dot2_w8)
+KILN_DEF_DOT_PICK(kiln_dot1_w8)
+KILN_DEF_DOT_PICK(kiln_dot4_w16)
+KILN_DEF_DOT_PICK(kiln_dot2_w16)
+KILN_DEF_DOT_PICK(kiln_dot1_w16)
 
 /* ---- depthwise conv (depth multiplier 1), one output pixel: schedules.pack_dw / ops_nn --------
  * Weights packed at compile time as int16, per block of 4 channels, per tap (kh, kw) row-major:
