@@ -389,14 +389,18 @@ def _max_pool(xs, a, out):
     return _window_max(x, pool_geometry(_shape(x), a), "max_pool2d")
 
 
+def _argmax_taps(x, a, dtype):
+    """What routing a gradient through max_pool2d's argmax needs: the window geometry, each
+    window's argmax tap, the accumulation dtype for ``dtype`` and the (kh, kw) reduce axes."""
+    G = pool_geometry(_shape(x), a)
+    return (G, _window_argmax(x, G), acc_dtype(dtype), te.reduce_axis((0, G["KH"]), "kh"),
+            te.reduce_axis((0, G["KW"]), "kw"))
+
+
 @deflower("max_pool2d_grad", BACKEND)
 def _max_pool_grad(xs, a, out):
     x, gy = xs
-    G = pool_geometry(_shape(x), a)
-    idx = _window_argmax(x, G)
-    ad = acc_dtype(gy.dtype)
-    kh = te.reduce_axis((0, G["KH"]), "kh")
-    kw = te.reduce_axis((0, G["KW"]), "kw")
+    G, idx, ad, kh, kw = _argmax_taps(x, a, gy.dtype)
 
     def f(n, h, wp, c):
         vh, oh = _tap(h, kh, G["pt"], 1, G["sh"], G["oh"])
@@ -412,11 +416,7 @@ def _max_pool_grad(xs, a, out):
 @deflower("max_pool2d_gather", BACKEND)
 def _max_pool_gather(xs, a, out):
     x, g = xs
-    G = pool_geometry(_shape(x), a)
-    idx = _window_argmax(x, G)
-    ad = acc_dtype(g.dtype)
-    kh = te.reduce_axis((0, G["KH"]), "kh")
-    kw = te.reduce_axis((0, G["KW"]), "kw")
+    G, idx, ad, kh, kw = _argmax_taps(x, a, g.dtype)
 
     def f(n, oh, ow, c):
         h, wv = oh * G["sh"] + kh - G["pt"], ow * G["sw"] + kw - G["pl"]
