@@ -80,6 +80,32 @@ def requant_epilogue(k, node, acc, out_type, channels, axis_index, act, bound=No
     return te.compute(shape, body, name="requant")
 
 
+def fc_requant_epilogue(k, acc, tx, tw, ty, channels, act):
+    """acc (int32 te tensor, bias added, channels last) -> int8 as LiteRT's reference
+    FULLY_CONNECTED requantises: ``round(double(acc) * eff[c])`` + zero point, activation clamp,
+    computed in integers by ``kiln_fc_s8`` (kiln_intrinsics.h; no double-precision FPU needed)."""
+    from kiln.quantize._qutil import channel_params, per_tensor
+    from kiln.quantize.int8_linear import fc_effective_scales, fc_requant_constants
+    s_in, _ = per_tensor(tx, "input", "dense")
+    s_out, zy = per_tensor(ty, "output", "dense")
+    ws, _, _ = channel_params(tw, channels, "dense")
+    mh, ml, sh = fc_requant_constants(fc_effective_scales(s_in, ws, s_out))
+    lo, hi = qmath.activation_range(act, s_out, zy)
+    if len(set(zip(mh.tolist(), ml.tolist(), sh.tolist()))) == 1:
+        consts = (lambda ch: c(int(mh[0])), lambda ch: c(int(ml[0]), "uint32"), lambda ch: c(int(sh[0])))
+    else:
+        tmh = k.const("fc_mh", mh.astype(np.int32))
+        tml = k.const("fc_ml", ml.astype(np.uint32))
+        tsh = k.const("fc_s", sh.astype(np.int32))
+        consts = (lambda ch: tmh[ch], lambda ch: tml[ch], lambda ch: tsh[ch])
+
+    def body(*idx):
+        ch = idx[-1]
+        return tirx.call_extern("int32", "kiln_fc_s8", acc(*idx), consts[0](ch).astype("uint32"), consts[1](ch),
+                                consts[2](ch), c(zy), c(lo), c(hi)).astype("int8")
+    return te.compute(acc.shape, body, name="requant")
+
+
 def _act_f32(v, act):
     if act == "relu":
         return tirx.max(v, tirx.const(0.0, F32))
@@ -251,18 +277,8 @@ def lower_dense(k, node, xs):
         if len(set(zws)) != 1:
             k.fail("int8 dense needs one weight zero point")
         zw = zws[0]
-        bound = None
         if k.target.kernels and zw == 0 and schedules.ENABLED and k.value(node.inputs[1]) is not None:
-            # a 1x1 conv over a 1 x rows image of K channels: the fused conv kernel (one code path
-            # for conv and dense; the tensorized schedule below when it does not apply)
-            rows = int(np.prod(lead)) if lead else 1
-            G = dict(N=1, H=1, W=rows, C=K, oh=1, ow=rows, KH=1, KW=1, O=N, sh=1, sw=1, pt=0, pl=0, dh=1, dw=1)
-            y = _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty, out_shape=ty.shape)
-            if y is not None:
-                return y
-            bvals = k.value(node.inputs[2]) if len(node.inputs) >= 3 else np.zeros(N, np.int64)
-            if bvals is not None:
-                bound = schedules.acc_bound(np.asarray(k.value(node.inputs[1])).reshape(N, K), bvals, zx)
+            # the tensorized dot product against packed weights (the zero point folded into the bias)
             acc, folded, zx_k = schedules.dense_dot_compute(k, node, x, lead, N, K, zx)
             bias = folded if folded is not None else bias
             k.schedule(schedules.dsp_dense_schedule(K, zx_k, N, k.target.optimize))
@@ -271,7 +287,7 @@ def lower_dense(k, node, xs):
                 (x[i[:-1] + (kk,)].astype("int32") - c(zx)) * (w[i[-1], kk].astype("int32") - c(zw)), axis=[kk]),
                 name="acc")
         acc2 = te.compute(acc.shape, lambda *i: acc(*i) + bias[i[-1]], name="bias") if bias is not None else acc
-        return requant_epilogue(k, node, acc2, ty, N, lambda idx: idx[-1], node.attrs["activation"], bound)
+        return fc_requant_epilogue(k, acc2, tx, tw, ty, N, node.attrs["activation"])
     if tx.dtype != F32:
         k.fail(f"dense on {tx.dtype} is not supported")
     acc = te.compute(lead + (N,), lambda *i: te.sum(x[i[:-1] + (kk,)] * w[i[-1], kk], axis=[kk]), name="acc")

@@ -5,7 +5,6 @@ Layouts are converted back (depthwise ``[C*M, KH, KW, 1]`` -> ``[1, KH, KW, C*M]
 dimension 3). A ``relu``/``relu6`` node that only clamps (same quantisation as its input) right
 after ADD, MUL, pooling or CONCATENATION is fused back into that op's ``fused_activation_function``.
 Explicit conv padding becomes a PAD (filled with the zero point) followed by a VALID conv.
-Per-channel int8 ``dense`` layers are written as 1x1 convolutions (see :func:`export_tflite`).
 """
 from __future__ import annotations
 
@@ -68,10 +67,7 @@ def _bytes16(b, data: bytes):
 
 
 class _Exporter:
-    def __init__(self, graph, dense_as="auto"):
-        if dense_as not in ("auto", "conv", "fully_connected"):
-            raise ExportError(f"dense_as must be 'auto', 'conv' or 'fully_connected', got {dense_as!r}")
-        self.dense_as = dense_as
+    def __init__(self, graph):
         self.g = graph
         self.tensors = []          # dicts: name, shape, dtype, quant, data
         self.index = {}            # Kiln value -> tensor index
@@ -150,9 +146,7 @@ class _Exporter:
             return
         xs = [self.value(i) for i in n.inputs]
         y = self.tensor(out, ot)
-        if op == "dense" and self._dense_as_conv(n):
-            self.dense_as_conv(n, xs, y)
-        elif op == "dense":
+        if op == "dense":
             x_t = g.types[n.inputs[0]]
             self.op("FULLY_CONNECTED", xs, [y], "FullyConnectedOptions", int8,
                     FusedActivationFunction=_ACT[a["activation"]], KeepNumDims=len(x_t.shape) != 2)
@@ -202,35 +196,6 @@ class _Exporter:
             self.op(name, xs, [y], None, int8)
         else:
             raise ExportError(f"node {n.name!r}: op '{op}' has no TFLite builtin in Kiln's exporter")
-
-    def _dense_as_conv(self, n):
-        wq = self.g.types[n.inputs[1]].quant
-        if self.dense_as == "conv":
-            return wq is not None
-        return self.dense_as == "auto" and wq is not None and wq.per_channel and len(wq.scale) > 1
-
-    def dense_as_conv(self, n, xs, y):
-        """int8 dense as RESHAPE -> 1x1 CONV_2D -> RESHAPE: LiteRT's reference FULLY_CONNECTED
-        requantises in double precision, its conv with the fixed-point multiplier (Kiln's dense)."""
-        g = self.g
-        xt, wt, ot = g.types[n.inputs[0]], g.types[n.inputs[1]], g.types[n.name]
-        K, N = xt.shape[-1], wt.shape[0]
-        rows = int(np.prod(xt.shape[:-1]))
-        x4 = self.tensor(self._fresh(n.name + "/x_nhwc"), TensorType((rows, 1, 1, K), xt.dtype, xt.quant))
-        self.op("RESHAPE", [xs[0], self.const(n.name + "/x_shape", np.asarray([rows, 1, 1, K], np.int32))], [x4],
-                "ReshapeOptions", True, NewShape=[rows, 1, 1, K])
-        w = np.asarray(g.consts.get(n.inputs[1], g.params.get(n.inputs[1])))
-        w4 = self.const(n.inputs[1] + "/ohwi", w.reshape(N, 1, 1, K), wt.quant)
-        y4 = self.tensor(self._fresh(n.name + "/y_nhwc"), TensorType((rows, 1, 1, N), ot.dtype, ot.quant))
-        bias = xs[2:]
-        if not bias:
-            bq = QParams(tuple(float(np.float32(xt.quant.scale[0]) * np.float32(s)) for s in wt.quant.scale),
-                         (0,) * len(wt.quant.scale), 0 if len(wt.quant.scale) > 1 else None)
-            bias = [self.const(n.name + "/zero_bias", np.zeros(N, np.int32), bq)]
-        self.op("CONV_2D", [x4, w4] + bias, [y4], "Conv2DOptions", True, Padding=1, StrideW=1, StrideH=1,
-                DilationWFactor=1, DilationHFactor=1, FusedActivationFunction=_ACT[n.attrs["activation"]])
-        self.op("RESHAPE", [y4, self.const(n.name + "/y_shape", np.asarray(ot.shape, np.int32))], [y],
-                "ReshapeOptions", True, NewShape=list(ot.shape))
 
     def conv(self, n, y, int8):
         g, a = self.g, n.attrs
@@ -327,16 +292,11 @@ class _Exporter:
         return bytes(b.Output())
 
 
-def export_tflite(graph, path=None, dense_as="auto") -> bytes:
-    """Serialise ``graph`` as a .tflite model (bytes); also writes ``path`` when given.
-
-    ``dense_as``: how an int8 ``dense`` is written. LiteRT's reference FULLY_CONNECTED requantises
-    in double precision while Kiln (and TFLM, CMSIS-NN, LiteRT's optimized kernels) use the
-    fixed-point multiplier; a 1x1 CONV_2D computes exactly Kiln's dense in every runtime.
-    'auto' (default) writes per-channel int8 dense layers as RESHAPE + 1x1 CONV_2D + RESHAPE (bit-exact
-    in LiteRT's reference kernels) and per-tensor ones (what converters emit) as FULLY_CONNECTED;
-    'conv' or 'fully_connected' force one form."""
-    e = _Exporter(graph, dense_as)
+def export_tflite(graph, path=None) -> bytes:
+    """Serialise ``graph`` as a .tflite model (bytes); also writes ``path`` when given. An int8
+    ``dense`` becomes FULLY_CONNECTED, which LiteRT's reference kernels compute exactly as Kiln
+    does (``round(double(acc) * eff)``, see docs/int8_ir.md)."""
+    e = _Exporter(graph)
     try:
         e.run()
     except GraphError as err:

@@ -556,6 +556,56 @@ static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int3
     }
 }
 
+/* ---- int8 FULLY_CONNECTED requantisation (LiteRT's reference kernel, every target) -----------
+ * (int32)round((double)acc * eff) with eff = double(s_in) * double(s_w) / double(s_out), computed
+ * in integers, bit-exact with IEEE double arithmetic and C's round (ties away from zero), on
+ * cores with no double-precision FPU (kiln.quantize.int8_linear.fc_requantize is the reference).
+ * eff = m * 2^-s, m = mh * 2^32 + ml its 53-bit significand (int8_linear.fc_requant_constants).
+ * The exact product P = |acc| * m (< 2^84) is rounded to 53 significant bits, ties to even (the
+ * double multiply), then (P + 2^(s-1)) >> s (the round). Saturates to int32 where C's conversion
+ * would be undefined. */
+static KILN_SIZE_NOINLINE int32_t kiln_fc_rq(int32_t acc, uint32_t mh, uint32_t ml, int32_t s)
+{
+    const uint32_t a = acc < 0 ? 0u - (uint32_t)acc : (uint32_t)acc;
+    const uint64_t p0 = (uint64_t)a * ml;
+    uint64_t hi = (uint64_t)a * mh + (p0 >> 32);   /* P = hi * 2^32 + lo, hi < 2^52 */
+    uint64_t lo = (uint32_t)p0;
+    if (hi >> 21) {
+        /* P has 53 + r significant bits, 1 <= r <= 32: drop r bits, ties to even */
+        const int32_t r = 43 - __builtin_clzll(hi);
+        const uint64_t low = lo & ((1ull << r) - 1u), half = 1ull << (r - 1);
+        const uint64_t odd = r == 32 ? (hi & 1u) : ((lo >> r) & 1u);
+        lo -= low;
+        if (low > half || (low == half && odd)) {
+            lo += 1ull << r;
+            hi += lo >> 32;
+            lo &= 0xFFFFFFFFull;
+        }
+    }
+    uint64_t q;
+    if (s > 84) {
+        q = 0;                       /* P < 2^84 <= 2^(s-1): rounds to 0 */
+    } else if (s < 22) {
+        q = a ? 0xFFFFFFFFull : 0;   /* eff >= 2^31: saturates */
+    } else {
+        /* floor((P + 2^(s-1)) / 2^s) from P >> 21 (< 2^63), exact as s - 1 >= 21 */
+        const uint64_t p21 = (hi << 11) | (lo >> 21);
+        q = (p21 + (1ull << (s - 22))) >> (s - 21);
+    }
+    if (acc < 0) {
+        return q >= 0x80000000ull ? INT32_MIN : -(int32_t)q;
+    }
+    return q > 0x7FFFFFFFull ? INT32_MAX : (int32_t)q;
+}
+
+/* acc (int32, bias added) -> int8 in [lo, hi]: kiln_fc_rq + the output zero point zy */
+static inline int32_t kiln_fc_s8(int32_t acc, uint32_t mh, uint32_t ml, int32_t s, int32_t zy, int32_t lo,
+                                 int32_t hi)
+{
+    const int64_t v = (int64_t)kiln_fc_rq(acc, mh, ml, s) + zy;
+    return v < lo ? lo : (v > hi ? hi : (int32_t)v);
+}
+
 /* ---- int8 ADD (TFLite reference: ops_elementwise._add_int8, DSP targets) ---------------------
  * gemmlowp's SaturatingRoundingDoublingHighMul(a, m) = (a * m + 2^30) >> 31 is SMMULR(2a, m) when
  * |2a| < 2^31; RoundingDivideByPOT(v, e) is (v + 2^(e-1) + (v >> 31)) >> e for e >= 1. Inputs

@@ -3,10 +3,10 @@ generated single-op int8 models (shapes, strides, paddings, channels, zero point
 import os
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kiln.frontend import TensorType
-from kiln.quantize import fixedpoint
 
 from .litert_util import assert_same, compare, q, single_op
 
@@ -54,33 +54,85 @@ def test_conv2d_and_depthwise(data, n, h, w, cin, cout, kh, kw, sh, sw, dil, pad
     assert_same(got, want, f"conv2d {attrs}")
 
 
-@settings(**SETTINGS)
-@given(b=st.integers(1, 3), k=st.integers(1, 40), nout=st.integers(1, 12), zin=zp, zout=zp, ls=log_scale,
-       per_channel=st.booleans(), act=st.sampled_from(["none", "relu", "relu6"]), seed=st.integers(0, 2 ** 31))
-def test_dense(b, k, nout, zin, zout, ls, per_channel, act, seed):
-    rng = np.random.default_rng(seed)
-    in_s = 2.0 ** ls
-    w_s = 2.0 ** rng.uniform(-9, -5, nout if per_channel else 1)
-    out_s = _out_scale(in_s, w_s, k, 2.0 ** rng.uniform(-2, 2))
+def _dense_layer(rng, name, x_name, k, nout, in_s, scales_kind, log_eff, zout, act):
+    """One int8 dense layer's constants and output quantisation: per-tensor weights, or per
+    channel with identical or different scales; the output scale set so that the effective
+    multiplier s_in * s_w / s_out is about 2**log_eff."""
+    if scales_kind == "tensor":
+        w_s = 2.0 ** rng.uniform(-9, -5, 1)
+    elif scales_kind == "same":
+        w_s = np.full(nout, 2.0 ** rng.uniform(-9, -5))
+    else:
+        w_s = 2.0 ** rng.uniform(-9, -5, nout)
+    out_s = float(np.float32(in_s * float(np.mean(w_s)) / 2.0 ** log_eff))
+    per_channel = scales_kind != "tensor"
     wq = q(w_s, [0] * nout, 0) if per_channel else q(w_s[0], 0)
     bs = np.float32(in_s) * np.asarray(w_s, np.float32)
     bq = q(np.broadcast_to(bs, (nout,)), [0] * nout, 0) if per_channel else q(bs[0], 0)
-    g = single_op("dense", [("x", TensorType((b, k), "int8", q(in_s, zin)), None),
-                            ("w", TensorType((nout, k), "int8", wq), rng.integers(-127, 128, (nout, k))),
-                            ("b", TensorType((nout,), "int32", bq), rng.integers(-3000, 3000, nout))],
-                  {"activation": act}, q(out_s, zout))
-    x = i8(rng, (b, k))
-    got, want = compare(g, [x])
-    # LiteRT 2.3's BUILTIN_REF FULLY_CONNECTED does not always use TFLite's fixed-point
-    # requantisation (Kiln's, TFLM's, CMSIS-NN's): on some models it computes
-    # round(acc * s_in * s_w / s_out) in double precision. Every LiteRT element must be one of the
-    # two, and Kiln (fixed point) within the 1 LSB they can differ by.
-    acc = (x.astype(np.int64) - zin) @ g.consts["w"].astype(np.int64).T + g.consts["b"]
-    eff = np.asarray([float(np.float32(in_s)) * float(np.float32(s)) / out_s for s in np.broadcast_to(w_s, (nout,))])
-    lo, hi = fixedpoint.activation_range(act, out_s, zout)
-    model = np.clip(fixedpoint.round_half_away(acc * eff).astype(np.int64) + zout, lo, hi)
-    assert np.all((want == model) | (want == got)), "LiteRT's FULLY_CONNECTED matches neither formula"
-    assert np.max(np.abs(got.astype(np.int64) - want), initial=0) <= 1
+    # biases spread the outputs over the int8 range whatever the multiplier (~128 / eff)
+    spread = int(min(2 ** 30, 160 * 2.0 ** -log_eff))
+    consts = [(f"{name}_w", TensorType((nout, k), "int8", wq), rng.integers(-127, 128, (nout, k))),
+              (f"{name}_b", TensorType((nout,), "int32", bq), rng.integers(-spread, spread + 1, nout))]
+    return consts, q(out_s, zout)
+
+
+@settings(**SETTINGS)
+@given(b=st.integers(1, 3), k=st.integers(1, 200), nout=st.integers(1, 12), zin=zp, zout=zp,
+       ls=log_scale, log_eff=st.floats(-20.0, 1.0), scales=st.sampled_from(["tensor", "same", "different"]),
+       act=st.sampled_from(["none", "relu", "relu6"]), seed=st.integers(0, 2 ** 31))
+def test_dense(b, k, nout, zin, zout, ls, log_eff, scales, act, seed):
+    """FULLY_CONNECTED with per-tensor and per-channel weights (identical or different channel
+    scales), input zero points across the int8 range and effective multipliers from ~1e-6 to
+    above 1: element for element equal to LiteRT's reference kernel."""
+    rng = np.random.default_rng(seed)
+    in_s = 2.0 ** ls
+    consts, out_q = _dense_layer(rng, "l", "x", k, nout, in_s, scales, log_eff, zout, act)
+    g = single_op("dense", [("x", TensorType((b, k), "int8", q(in_s, zin)), None)] +
+                  [(n, t, v) for n, t, v in consts], {"activation": act}, out_q)
+    got, want = compare(g, [i8(rng, (b, k))])
+    assert_same(got, want, f"dense {scales} log2(eff)={log_eff:.2f}")
+
+
+@pytest.mark.parametrize("scales", ["tensor", "same", "different"])
+@pytest.mark.parametrize("log_eff", [-1.4, -3.3, -6.1, -19.9, 0.7])
+def test_dense_many_outputs(scales, log_eff):
+    """64 x 96 outputs spread over the int8 range: at these multipliers gemmlowp's fixed-point
+    requantisation (two roundings) differs from LiteRT's reference FULLY_CONNECTED on a few
+    hundredths of the outputs, so any drift from LiteRT's formula shows here."""
+    rng = np.random.default_rng(abs(int(log_eff * 10)) + len(scales))
+    k, nout, b = 48, 96, 64
+    in_s = 2.0 ** -3
+    consts, out_q = _dense_layer(rng, "l", "x", k, nout, in_s, scales, log_eff, int(rng.integers(-128, 128)), "none")
+    g = single_op("dense", [("x", TensorType((b, k), "int8", q(in_s, 17)), None)] + consts,
+                  {"activation": "none"}, out_q)
+    got, want = compare(g, [i8(rng, (b, k))])
+    assert_same(got, want, f"dense {scales} log2(eff)={log_eff}")
+
+
+@settings(**dict(SETTINGS, max_examples=max(SETTINGS["max_examples"] // 4, 5)))
+@given(depth=st.integers(2, 10), width=st.integers(4, 64), zin=zp, scales=st.sampled_from(["tensor", "same", "different"]),
+       seed=st.integers(0, 2 ** 31))
+def test_dense_stack(depth, width, zin, scales, seed):
+    """A deep stack of int8 dense layers (the anomaly-detection autoencoder's shape): any 1-LSB
+    difference in one layer would propagate, so every layer must match LiteRT exactly."""
+    from kiln.frontend import Graph
+    rng = np.random.default_rng(seed)
+    g = Graph("stack")
+    in_s = 2.0 ** rng.uniform(-4, 0)
+    g.add_input("x", TensorType((1, width), "int8", q(in_s, zin)))
+    prev, prev_s = "x", in_s
+    for d in range(depth):
+        act = "relu" if d < depth - 1 else "none"
+        zout = -128 if act == "relu" else int(rng.integers(-128, 128))
+        consts, out_q = _dense_layer(rng, f"l{d}", prev, width, width, prev_s, scales, rng.uniform(-9, -2), zout, act)
+        for n, t, v in consts:
+            g.add_const(n, np.asarray(v, t.dtype), t.quant)
+        g.add_node("dense", [prev, f"l{d}_w", f"l{d}_b"], {"activation": act}, name=f"y{d}",
+                   out_type=TensorType((1, width), "int8", out_q))
+        prev, prev_s = f"y{d}", out_q.scale[0]
+    g.outputs = [prev]
+    got, want = compare(g, [i8(rng, (1, width))])
+    assert_same(got, want, f"{depth} dense layers, {scales} scales")
 
 
 @settings(**SETTINGS)
