@@ -92,12 +92,12 @@ def activation_range(act, scale, zp, qmin=-128, qmax=127):
 
 
 def linear_requant(in_type, w_type, out_type, n):
-    """Multipliers and shifts of a conv/dense output, exactly as the int8 reference derives them
-    (per channel: double product; per-tensor dense: float32 product, as TFLite)."""
+    """Multipliers and shifts of a conv output, exactly as the int8 reference derives them
+    (``int8_linear.requantize_params``)."""
     from kiln.quantize._qutil import channel_params, per_tensor
     from kiln.quantize.int8_linear import requantize_params
-    s_in, _ = per_tensor(in_type, "input", "conv/dense")
-    s_out, _ = per_tensor(out_type, "output", "conv/dense")
-    ws, _, per_channel = channel_params(w_type, n, "conv/dense")
-    mult, shift = requantize_params(s_in, ws, s_out, per_channel=per_channel)
+    s_in, _ = per_tensor(in_type, "input", "conv")
+    s_out, _ = per_tensor(out_type, "output", "conv")
+    ws, _, _ = channel_params(w_type, n, "conv")
+    mult, shift = requantize_params(s_in, ws, s_out)
     return np.asarray(mult, np.int64).astype(np.int32), np.asarray(shift, np.int64).astype(np.int32)

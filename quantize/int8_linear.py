@@ -33,16 +33,11 @@ from ._qutil import channel_params, clamp8, f32, int8_io, need_int8
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
-def requantize_params(in_scale, w_scales, out_scale, per_channel=True):
-    """Per-channel (multiplier, shift) int64 arrays for a conv/dense output.
-
-    ``per_channel=False`` reproduces TFLite's per-tensor FULLY_CONNECTED, which forms the product
-    ``in_scale * w_scale`` in float32 before dividing in double (GetQuantizedConvolutionMultipler)."""
-    if per_channel:
-        reals = [f32(in_scale) * f32(s) / f32(out_scale) for s in w_scales]
-    else:
-        reals = [float(np.float32(in_scale) * np.float32(s)) / f32(out_scale) for s in w_scales]
-    return fp.quantize_multipliers(reals)
+def requantize_params(in_scale, w_scales, out_scale):
+    """Per-channel (multiplier, shift) int64 arrays for a conv output: TFLite's
+    PopulateConvolutionQuantizationParams, ``double(s_in) * double(s_w[c]) / double(s_out)`` for
+    per-channel and per-tensor weights alike."""
+    return fp.quantize_multipliers([f32(in_scale) * f32(s) / f32(out_scale) for s in w_scales])
 
 
 def fc_effective_scales(in_scale, w_scales, out_scale):
