@@ -47,7 +47,7 @@ COMMON_CFLAGS = [
     "-fno-asynchronous-unwind-tables",
 ]
 LDFLAGS = ["-nostartfiles", "--specs=nano.specs", "-Wl,--gc-sections", "-Wl,--no-warn-rwx-segments"]
-LIBS = ["-Wl,--start-group", "-lc", "-lgcc", "-Wl,--end-group"]
+LIBS = ["-Wl,--start-group", "-lc", "-lm", "-lgcc", "-Wl,--end-group"]   # -lm: floorf/expf of float kernels
 MARKERS = ("kiln_marker_begin", "kiln_marker_end", "kiln_marker_mark")
 
 

@@ -37,7 +37,7 @@ def lab(request):
     return {"port": port, "lab_map": lab_map}
 
 
-@pytest.mark.parametrize("model", ["kws_ref_model", "pretrainedResnet_quant"])
+@pytest.mark.parametrize("model", ["kws_ref_model", "pretrainedResnet_quant", "vww_96_int8", "ad01_int8"])
 def test_shared_model_golden_pairs_on_board(model, board, shared_models, lab, tmp_path):
     rep = verify(os.path.join(shared_models, f"{model}.tflite"), os.path.join(shared_models, f"{model}.golden.npz"),
                  board, options={"out": str(tmp_path), **lab})

@@ -9,7 +9,7 @@ from kiln.commands.verify import verify
 from kiln.frontend import run
 from kiln.frontend.tflite_import import load_tflite
 
-MODELS = ["kws_ref_model", "pretrainedResnet_quant"]
+MODELS = ["kws_ref_model", "pretrainedResnet_quant", "vww_96_int8", "ad01_int8"]
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -50,7 +50,7 @@ def test_every_intermediate_matches_litert(shared_models, model):
     it.allocate_tensors()
     tmap = g.meta["tflite_tensors"]
     names = [n.name for n in g.nodes if n.name in tmap]
-    assert len(names) >= 12
+    assert len(names) >= min(12, len(g.nodes))
     z = np.load(os.path.join(shared_models, model + ".golden.npz"))
     for k in (0, 5):
         it.set_tensor(it.get_input_details()[0]["index"], z[f"in_{k}"])
