@@ -23,12 +23,13 @@ def _package_for(model_path, options):
     return compile_pkg(p, target=options.get("c_target", "host"), out_dir=out, plot=False, measure_size=False)
 
 
-def host_runner(model_path, inputs, options):
+def host_runner(model_path, samples, options):
+    """One tuple of outputs per sample (a tuple of input arrays)."""
     from .host import HostModel
     pkg = _package_for(model_path, options)
     m = HostModel(pkg.path)
-    return [m.run(x)[0] for x in inputs]
+    return [tuple(m.run(*xs)) for xs in samples]
 
 
-register_target(Target("host", host_runner, exact=True, atol=1e-5,
+register_target(Target("host", host_runner, exact=True, atol=1e-5, multi_io=True,
                        description="C package compiled by host gcc, run through ctypes"))

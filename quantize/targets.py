@@ -28,18 +28,18 @@ def load_model(path):
     raise KilnError(f"{p}: unknown model format (expected .tflite or a Kiln graph .json)")
 
 
-def run_reference(model_path, inputs, options=None):
+def run_reference(model_path, samples, options=None):
+    """One tuple of outputs per sample (a tuple of input arrays)."""
     from kiln.frontend import run
-    g = load_model(model_path)
+    g = load_model(model_path) if isinstance(model_path, (str, os.PathLike)) else model_path
     outs = []
-    for x in inputs:
-        x = np.asarray(x)
-        if len(g.inputs) != 1:
-            raise KilnError(f"{model_path}: golden pairs feed one input, the model has {len(g.inputs)}")
-        r = run(g, x)
-        outs.append(r[0] if len(r) == 1 else r)
+    for xs in samples:
+        if len(xs) != len(g.inputs):
+            raise KilnError(f"{model_path}: a sample has {len(xs)} inputs, the model takes {len(g.inputs)} "
+                            f"({', '.join(g.inputs)})")
+        outs.append(tuple(run(g, *[np.asarray(x).reshape(g.types[i].shape) for x, i in zip(xs, g.inputs)])))
     return outs
 
 
-register_target(Target("reference", run_reference, exact=True, atol=1e-5,
+register_target(Target("reference", run_reference, exact=True, atol=1e-5, multi_io=True,
                        description="Kiln's NumPy reference executor (TFLite-exact int8 rules)"))

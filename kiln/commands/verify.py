@@ -6,13 +6,14 @@ import time
 
 import numpy as np
 
-from kiln.frontend.errors import KilnError
-from kiln.targets import get_target
+from kiln.samples import golden_pairs, read_npz
+from kiln.targets import get_target, run_target
 
 
 def add_arguments(p):
     p.add_argument("model", help="model file (.tflite or Kiln graph .json) or a compiled package folder")
-    p.add_argument("--golden", required=True, help=".npz with arrays in_0..in_K and out_0..out_K")
+    p.add_argument("--golden", required=True, help=".npz of golden pairs: in_K/out_K (one input and output), or "
+                   "in_K_J/out_K_J for input/output J of pair K (see `kiln golden`)")
     p.add_argument("--target", default="reference",
                    help="reference | host | host-llvm | cuda | a board name (see `kiln boards`)")
     p.add_argument("--atol", type=float, default=None, help="tolerance for float outputs (default: the target's)")
@@ -20,24 +21,9 @@ def add_arguments(p):
 
 
 def load_golden(path):
-    if not os.path.exists(path):
-        raise KilnError(f"golden file {path} not found")
-    try:
-        z = np.load(path, allow_pickle=False)
-    except Exception as e:
-        raise KilnError(f"{path}: not a readable .npz ({type(e).__name__}: {e})") from None
-    with z:
-        keys = set(z.files)
-        ins = sorted((k for k in keys if k.startswith("in_")), key=lambda k: int(k[3:]))
-        pairs = []
-        for k in ins:
-            o = "out_" + k[3:]
-            if o not in keys:
-                raise KilnError(f"{path}: {k} has no matching {o}")
-            pairs.append((z[k], z[o]))
-    if not pairs:
-        raise KilnError(f"{path}: no in_K/out_K arrays found (have: {sorted(keys)})")
-    return pairs
+    """[(inputs, outputs)] golden pairs, each side a tuple of arrays (kiln.samples: in_K/out_K, or
+    in_K_J/out_K_J for models with several inputs or outputs)."""
+    return golden_pairs(read_npz(path), os.fspath(path))
 
 
 def compare(got, want, exact, atol, max_report=10):
@@ -60,17 +46,39 @@ def verify(model, golden, target, atol=None, max_report=10, options=None):
     t = get_target(target)
     pairs = load_golden(golden)
     t0 = time.time()
-    outs = t.runner(model, [p[0] for p in pairs], options or {})
+    outs = run_target(t, model, [p[0] for p in pairs], options if options is not None else {})
     elapsed = time.time() - t0
     results = []
-    for k, ((_, want), got) in enumerate(zip(pairs, outs)):
-        exact = t.exact and want.dtype.kind in "iu"
-        r = compare(got, want, exact, atol if atol is not None else t.atol, max_report)
+    for k, ((_, wants), gots) in enumerate(zip(pairs, outs)):
+        if len(gots) != len(wants):
+            results.append({"pair": k, "match": False, "mismatches": [],
+                            "reason": f"the model gave {len(gots)} outputs, the golden pair has {len(wants)}"})
+            continue
+        per = []
+        for j, (got, want) in enumerate(zip(gots, wants)):
+            exact = t.exact and want.dtype.kind in "iu"
+            r = compare(got, want, exact, atol if atol is not None else t.atol, max_report)
+            r["output"] = j
+            if len(wants) > 1:
+                for m in r["mismatches"]:
+                    m["output"] = j
+            per.append(r)
+        r = dict(per[0]) if len(per) == 1 else {
+            "match": all(p["match"] for p in per), "mismatches": [m for p in per for m in p["mismatches"]],
+            "mismatched_elements": sum(p.get("mismatched_elements", 0) for p in per),
+            "elements": sum(p.get("elements", 0) for p in per),
+            "max_abs_diff": max(p.get("max_abs_diff", 0.0) for p in per), "outputs": per}
+        if len(per) > 1 and not r["match"]:
+            bad = [p for p in per if not p["match"]]
+            if any("reason" in p for p in bad):
+                r["reason"] = "; ".join(f"output {p['output']}: {p['reason']}" for p in bad if "reason" in p)
         r["pair"] = k
         results.append(r)
     ok = all(r["match"] for r in results) and len(outs) == len(pairs)
     return {"ok": ok, "model": str(model), "golden": str(golden), "target": target, "pairs": len(pairs),
-            "matched": sum(r["match"] for r in results), "seconds": round(elapsed, 3), "results": results}
+            "matched": sum(r["match"] for r in results), "seconds": round(elapsed, 3),
+            "comparison": "bit-exact (integer outputs)" if t.exact else f"within atol {atol if atol is not None else t.atol}",
+            "results": results}
 
 
 def run(args):
@@ -81,7 +89,8 @@ def run(args):
             lines.append(f"  pair {r['pair']}: {r.get('reason') or str(r['mismatched_elements']) + ' of ' + str(r['elements']) + ' elements differ'}"
                          f" (max |diff| {r.get('max_abs_diff', 'n/a')})")
             for m in r["mismatches"]:
-                lines.append(f"    at {m['index']}: got {m['got']}, expected {m['expected']}")
+                where = f"output {m['output']} " if "output" in m else ""
+                lines.append(f"    {where}at {m['index']}: got {m['got']}, expected {m['expected']}")
     lines.append("OK" if rep["ok"] else "FAILED")
     rep["text"] = "\n".join(lines)
     return rep

@@ -1,0 +1,71 @@
+"""kiln golden MODEL -o G.npz: golden input/output pairs for `kiln verify`, from LiteRT's reference
+kernels (a .tflite model) or Kiln's reference executor (a Kiln graph), on the samples of a data
+file or on seeded random inputs."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from kiln.frontend.errors import KilnError
+
+ORACLES = ("auto", "litert", "reference")
+
+
+def add_arguments(p):
+    p.add_argument("model", help=".tflite or Kiln graph .json")
+    p.add_argument("-o", "--out", required=True, help="golden .npz to write (in_K/out_K, or in_K_J/out_K_J for "
+                   "models with several inputs or outputs)")
+    p.add_argument("--data", default=None, help="samples .npz (data arrays or golden pairs: see README, 'Sample "
+                   "files'); default: seeded random inputs")
+    p.add_argument("--inputs", type=int, default=8, help="number of random inputs when no --data is given")
+    p.add_argument("--limit", type=int, default=None, help="use at most this many samples of --data")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--oracle", default="auto", choices=ORACLES,
+                   help="who computes the outputs: LiteRT's reference kernels (BUILTIN_REF; .tflite only), "
+                        "Kiln's reference executor, or auto (LiteRT for a .tflite, else Kiln)")
+
+
+def golden(model, out, samples, oracle="auto"):
+    """Write golden pairs for ``samples`` (tuples of input arrays) to ``out``; returns the oracle used."""
+    from kiln import hil
+    from kiln.samples import golden_arrays
+    from kiln.quantize.targets import run_reference
+    is_tflite = os.fspath(model).endswith(".tflite")
+    if oracle == "auto":
+        oracle = "litert" if is_tflite else "reference"
+    if oracle == "litert":
+        if not is_tflite:
+            raise KilnError(f"{model}: --oracle litert needs a .tflite model")
+        from kiln.litert import run_litert
+        outs = run_litert(model, samples)
+    else:
+        outs = run_reference(hil.load_model(model), samples)
+    d = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(d):
+        raise KilnError(f"-o {out}: folder {d} does not exist")
+    tmp = out + ".tmp.npz"
+    np.savez(tmp, **golden_arrays(list(zip(samples, outs))))
+    os.replace(tmp, out)
+    return oracle
+
+
+def run(args):
+    from kiln import hil
+    from kiln.samples import load_samples, random_inputs
+    if args.inputs < 1:
+        raise KilnError(f"--inputs must be at least 1, got {args.inputs}")
+    g = hil.load_model(args.model)
+    if args.data:
+        samples = load_samples(args.data, g, limit=args.limit).inputs
+        if not samples:
+            raise KilnError(f"{args.data}: no samples")
+        source = args.data
+    else:
+        samples = random_inputs(g, args.inputs, args.seed)
+        source = f"{args.inputs} random inputs (seed {args.seed})"
+    oracle = golden(args.model, args.out, samples, args.oracle)
+    who = "LiteRT's reference kernels (BUILTIN_REF)" if oracle == "litert" else "Kiln's reference executor"
+    return {"model": args.model, "golden": args.out, "pairs": len(samples), "oracle": oracle,
+            "inputs": len(g.inputs), "outputs": len(g.outputs), "source": source,
+            "text": f"wrote {len(samples)} golden pairs to {args.out} ({who}, {source})"}

@@ -1,0 +1,49 @@
+"""LiteRT's reference kernels (``BUILTIN_REF``) as an oracle: run a .tflite on samples.
+
+`kiln golden` writes golden pairs from it and `kiln run` checks a board's outputs against it when
+the model came from a .tflite. LiteRT's default (XNNPACK / optimized) kernels are not the
+specification (LiteRT's optimized ADD differs from its reference kernel by up to 2 LSB on
+ResNet-8), so the reference resolver is always used."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from kiln.frontend.errors import KilnError
+
+
+class OracleError(KilnError):
+    """LiteRT could not load or run the model."""
+
+
+def interpreter(path):
+    try:
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    except ImportError as e:   # a core dependency; only a broken install gets here
+        raise OracleError(f"LiteRT (ai-edge-litert) is not importable: {e}; reinstall Kiln's dependencies "
+                          f"(bash scripts/setup.sh)") from None
+    try:
+        it = Interpreter(model_path=os.fspath(path), experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+        it.allocate_tensors()
+    except Exception as e:   # LiteRT raises RuntimeError/ValueError with its own message
+        raise OracleError(f"{path}: LiteRT's reference kernels cannot run this model: {str(e).strip()[:500]}") from None
+    return it
+
+
+def run_litert(path, samples) -> list[tuple]:
+    """One tuple of outputs per sample (each a tuple of input arrays, in the model's input order)."""
+    it = interpreter(path)
+    ins, outs = it.get_input_details(), it.get_output_details()
+    results = []
+    for xs in samples:
+        if len(xs) != len(ins):
+            raise OracleError(f"{path}: a sample has {len(xs)} inputs, LiteRT's model takes {len(ins)}")
+        for d, x in zip(ins, xs):
+            it.set_tensor(d["index"], np.asarray(x).astype(d["dtype"], copy=False).reshape(d["shape"]))
+        try:
+            it.invoke()
+        except Exception as e:
+            raise OracleError(f"{path}: LiteRT's reference kernels failed: {str(e).strip()[:500]}") from None
+        results.append(tuple(it.get_tensor(d["index"]).copy() for d in outs))
+    return results
