@@ -26,11 +26,13 @@ from typing import Callable
 
 import serial
 
+from kiln.errors import KilnError
+
 from .protocol import (MAX_PAYLOAD, REPLY, Decoder, Fault, Frame, Info, InvokeResult, NakError,
                        StackInfo, T, VERSION, encode)
 
 
-class DeviceError(RuntimeError):
+class DeviceError(KilnError, RuntimeError):
     """Talking to the device failed; the message says what was expected and what was seen."""
 
 

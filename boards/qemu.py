@@ -22,12 +22,14 @@ import time
 import weakref
 from pathlib import Path
 
+from kiln.errors import KilnError
+
 from .schema import Board
 
 DEFAULT_SHIFT = 6
 
 
-class QemuError(RuntimeError):
+class QemuError(KilnError, RuntimeError):
     pass
 
 

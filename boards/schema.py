@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kiln.errors import KilnError
+
 from .cores import CORES, Core
 
 UART_KINDS = ("cmsdk", "stm32-usart", "nrf-uarte", "rp2040-pl011")
@@ -27,7 +29,7 @@ FLASH_METHODS = {
 }
 
 
-class BoardError(ValueError):
+class BoardError(KilnError, ValueError):
     """A board file is missing, unreadable, or does not match the schema."""
 
 
@@ -94,6 +96,13 @@ class Board:
     path: Path | None = None
     emulates: str | None = None      # set on a derived board: the real board it stands in for
     boot2: str | None = None         # second-stage bootloader placed at the start of flash
+    core_clock_hz: int = 0           # the clock Kiln's firmware runs the core at (0: clock_hz)
+
+    @property
+    def run_clock_hz(self) -> int:
+        """The core clock under Kiln's firmware: the reset clock on boards whose PLL set-up Kiln
+        does not do (``core_clock_hz``), else ``clock_hz``. Cycle counts convert to time with it."""
+        return self.core_clock_hz or self.clock_hz
 
     @property
     def core_info(self) -> Core:
@@ -118,6 +127,7 @@ _SCHEMA: dict[str, Any] = {
     "fpu": (str, True, FPU_KINDS),
     "dsp": (bool, True),
     "clock_hz": (_INT, True),
+    "core_clock_hz": (_INT, False),
     "irq_count": (_INT, True),
     "boot2": (str, False, BOOT2_KINDS),
     "memory": {
@@ -214,6 +224,9 @@ def _check_semantics(where: str, d: dict) -> None:
                          f"irq_count={d['irq_count']}")
     if d["clock_hz"] == 0 or d["uart"]["baud"] == 0 or d["uart"]["clock_hz"] == 0:
         raise BoardError(f"{where}: field 'clock_hz'/'uart.baud'/'uart.clock_hz' must be non-zero")
+    if d.get("core_clock_hz") is not None and not 0 < d["core_clock_hz"] <= d["clock_hz"]:
+        raise BoardError(f"{where}: field 'core_clock_hz': expected 1..clock_hz ({d['clock_hz']}), "
+                         f"found {d['core_clock_hz']}")
     for i, step in enumerate(d["uart"].get("init", [])):
         key = f"uart.init[{i}]"
         if not isinstance(step, dict):
@@ -255,6 +268,7 @@ def validate(data: dict, where: str) -> Board:
         fpu=data["fpu"],
         dsp=data["dsp"],
         clock_hz=data["clock_hz"],
+        core_clock_hz=data.get("core_clock_hz", 0),
         irq_count=data["irq_count"],
         flash_region=Region(**data["memory"]["flash"]),
         ram_region=Region(**data["memory"]["ram"]),

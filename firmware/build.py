@@ -22,6 +22,7 @@ from pathlib import Path
 
 import jinja2
 
+from kiln.errors import KilnError
 from kiln import boards as _boards
 from kiln.boards import Board, Region
 
@@ -51,7 +52,7 @@ LIBS = ["-Wl,--start-group", "-lc", "-lm", "-lgcc", "-Wl,--end-group"]   # -lm: 
 MARKERS = ("kiln_marker_begin", "kiln_marker_end", "kiln_marker_mark")
 
 
-class FirmwareError(RuntimeError):
+class FirmwareError(KilnError, RuntimeError):
     """The firmware could not be built (toolchain missing, compile or link error)."""
 
 

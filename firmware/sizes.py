@@ -20,6 +20,8 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kiln.errors import KilnError
+
 _FLASH_ONLY = (".boot2", ".text", ".rodata", ".ARM.exidx")   # .boot2: the RP2040 second stage
 _RAM_ONLY = (".bss", ".stack", ".noinit")
 
@@ -91,7 +93,7 @@ _HEADER = re.compile(rf"^(\S+)(?:\s+({_HEX})\s+({_HEX}))?(?:\s+load address\s+({
 _SUFFIX = re.compile(r"\.(constprop|isra|part|cold|lto_priv|localalias)(\.\d+)?")
 
 
-class MapError(ValueError):
+class MapError(KilnError, ValueError):
     """The linker map cannot be attributed (unexpected format, objects not matching sources)."""
 
 

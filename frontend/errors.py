@@ -1,8 +1,5 @@
 """Kiln's error types. Every error says what was expected, what was found and where."""
-
-
-class KilnError(Exception):
-    """Base class of every error Kiln raises on purpose."""
+from kiln.errors import CheckFailed, KilnError, UsageError  # noqa: F401  (the one root, kiln/errors.py)
 
 
 class GraphError(KilnError):

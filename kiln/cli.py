@@ -1,15 +1,17 @@
 """The ``kiln`` command line. Each sub-command lives in ``kiln/commands/<name>.py`` and defines
 ``add_arguments(parser)`` and ``run(args) -> dict`` (the report). The CLI prints the report as a
 table, or as one JSON object with ``--json``, and exits non-zero when the report says ``ok: false``
-or a KilnError is raised."""
+or an error is raised: 1 when a check failed, 2 for a usage or infrastructure error."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import os
 import sys
 
 from . import __version__
+from .errors import CheckFailed, KilnError
 
 COMMANDS = {
     "demo": "train, quantise, compile and run the digits CNN on an emulated board; write a report",
@@ -52,54 +54,56 @@ def _load(name):
 def _print_report(report):
     text = report.get("text") if isinstance(report, dict) else None
     if text:
-        print(text)
+        _emit(text, sys.stdout)
         return
-    for k, v in (report or {}).items():
-        print(f"{k}: {v}")
+    _emit("\n".join(f"{k}: {v}" for k, v in (report or {}).items()), sys.stdout)
 
 
-def user_errors():
-    """Exception types that mean 'bad input or a failed check', reported without a traceback.
-    boards/ and firmware/ import nothing of the compiler, so their errors are listed here."""
-    from kiln.frontend.errors import KilnError
-    errs = [KilnError]
-    for mod, name in (("kiln.boards.schema", "BoardError"), ("kiln.boards.device", "DeviceError"),
-                      ("kiln.boards.qemu", "QemuError"), ("kiln.firmware.build", "FirmwareError")):
-        try:
-            errs.append(getattr(importlib.import_module(mod), name))
-        except (ImportError, AttributeError):
-            pass
-    return tuple(errs)
+def _emit(text, stream):
+    """Print, ending quietly when the reader went away (`kiln ... | head`): no BrokenPipeError."""
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        raise SystemExit(0) from None
+
+
+def _fail(args, error, code):
+    if args.json:
+        _emit(json.dumps({"ok": False, "command": args.command, "error": str(error),
+                          "error_type": type(error).__name__, "exit_code": code}), sys.stdout)
+    else:
+        _emit(f"error: {error}", sys.stderr)
+    return code
 
 
 def main(argv=None):
-    KilnError = user_errors()
+    """Exit codes: 0 ok; 1 a check failed (a report with ok: false, or CheckFailed); 2 a usage or
+    infrastructure error (bad arguments, a malformed model, a missing tool, a silent board)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)   # argparse exits 2 on bad arguments
     if not args.command:
-        parser.print_help()
-        return 0
+        parser.print_usage(sys.stderr)
+        print("kiln: error: a command is required (kiln --help lists them)", file=sys.stderr)
+        return 2
     mod = _load(args.command)
     if mod is None:
-        msg = f"'kiln {args.command}' is not available in this build yet"
-        print(json.dumps({"ok": False, "error": msg}) if args.json else f"error: {msg}", file=sys.stdout if args.json else sys.stderr)
-        return 2
+        return _fail(args, KilnError(f"'kiln {args.command}' is not available in this build yet"), 2)
     try:
         report = mod.run(args)
+    except CheckFailed as e:
+        return _fail(args, e, 1)
     except KilnError as e:
-        if args.json:
-            print(json.dumps({"ok": False, "command": args.command, "error": str(e), "error_type": type(e).__name__}))
-        else:
-            print(f"error: {e}", file=sys.stderr)
-        return 1
+        return _fail(args, e, 2)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        _emit("interrupted", sys.stderr)
         return 130
     report = report or {}
     report.setdefault("ok", True)
     report.setdefault("command", args.command)
     if args.json:
-        print(json.dumps({k: v for k, v in report.items() if k != "text"}, default=_json_default))
+        _emit(json.dumps({k: v for k, v in report.items() if k != "text"}, default=_json_default), sys.stdout)
     else:
         _print_report(report)
     return 0 if report.get("ok", True) else 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 
 import numpy as np
@@ -33,13 +34,26 @@ def is_package(path):
 
 def compile_model(model, target, out_dir, ram_budget=None, plot=True, optimize="size"):
     """Compile a Graph or model file to a C package; the source graph is saved beside it
-    (graph.json) so later stages can compute reference outputs from the package alone."""
+    (graph.json) so later stages can compute reference outputs from the package alone, and a
+    .tflite source is kept as source.tflite (for checks against LiteRT's reference kernels)."""
     from kiln import backends
     from kiln.frontend import save
     graph = load_model(model) if isinstance(model, (str, os.PathLike)) else model
     pkg = backends.compile(graph, target=target, out_dir=out_dir, ram_budget=ram_budget, plot=plot, optimize=optimize)
     save(graph, os.path.join(pkg.path, "graph.json"))
+    if isinstance(model, (str, os.PathLike)) and os.fspath(model).endswith(".tflite"):
+        shutil.copyfile(model, os.path.join(pkg.path, "source.tflite"))
     return pkg
+
+
+def read_manifest(pkg_dir):
+    """A package's manifest.json as a dict (a named error when it is missing or unreadable)."""
+    p = os.path.join(pkg_dir, "manifest.json")
+    try:
+        with open(p) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise KilnError(f"{pkg_dir}: not a readable Kiln package ({p}: {e}); compile it with `kiln compile`") from None
 
 
 def package_graph(pkg_dir):

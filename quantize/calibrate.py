@@ -92,29 +92,54 @@ def choose_range(obs: Observer, method="minmax", percentile=99.99):
                     best, (lo, hi) = e, c
     return lo, hi
 
+def _per_input(graph, data):
+    """Calibration data as one [N, ...] array per graph input: ``data`` is an array (a graph with
+    one input), a list/tuple with one array per input, or a dict keyed by input name."""
+    names = graph.inputs
+    if isinstance(data, dict):
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise KilnError(f"calibration data has no array for input(s) {missing} (has {sorted(data)})")
+        arrays = [data[n] for n in names]
+    elif isinstance(data, (list, tuple)) and len(names) > 1:
+        arrays = list(data)
+    else:
+        arrays = [data]
+    if len(arrays) != len(names):
+        raise KilnError(f"calibration data has {len(arrays)} arrays, graph {graph.name!r} has {len(names)} inputs "
+                        f"({', '.join(names)})")
+    out = []
+    for name, a in zip(names, arrays):
+        a, t = np.asarray(a), graph.types[name]
+        if a.ndim == len(t.shape) - 1:
+            a = a[None]
+        if tuple(a.shape[1:]) != tuple(t.shape[1:]):
+            raise KilnError(f"calibration data for input {name!r} has samples of shape {a.shape[1:]}, "
+                            f"the graph input is {t}")
+        if len(a) == 0:
+            raise KilnError(f"calibration data for input {name!r} is empty")
+        out.append(a)
+    if len({len(a) for a in out}) != 1:
+        raise KilnError(f"calibration arrays hold different numbers of samples: {[len(a) for a in out]}")
+    return out
+
+
 def observe(graph, data, batch_size=64, seed=0):
-    """Run ``graph`` (float) on ``data`` ([N, ...] matching the input's sample shape) and return
-    {value name: Observer} for the input and every node output."""
-    data = np.asarray(data)
-    if len(graph.inputs) != 1:
-        raise KilnError(f"calibration feeds one input; graph {graph.name!r} has {len(graph.inputs)}")
-    t = graph.types[graph.inputs[0]]
-    if data.ndim == len(t.shape) - 1:
-        data = data[None]
-    if tuple(data.shape[1:]) != tuple(t.shape[1:]):
-        raise KilnError(f"calibration data has samples of shape {data.shape[1:]}, the graph input is {t}")
-    if len(data) == 0:
-        raise KilnError("calibration data is empty")
+    """Run ``graph`` (float) on ``data`` (see :func:`_per_input`: [N, ...] per input) and return
+    {value name: Observer} for every input and every node output."""
+    arrays = _per_input(graph, data)
     rng = np.random.default_rng(seed)
-    names = [graph.inputs[0]] + [n.name for n in graph.nodes]
+    names = list(graph.inputs) + [n.name for n in graph.nodes]
     obs = {n: Observer(rng) for n in names}
     cache = {}
-    for i in range(0, len(data), batch_size):
-        x = data[i:i + batch_size].astype(t.dtype, copy=False)
-        g = cache.get(len(x)) or cache.setdefault(len(x), with_batch(graph, len(x)))
-        _, kept = run(g, x, keep=names[1:])
-        obs[names[0]].update(x)
-        for n in names[1:]:
+    nodes = [n.name for n in graph.nodes]
+    for i in range(0, len(arrays[0]), batch_size):
+        xs = [a[i:i + batch_size].astype(graph.types[name].dtype, copy=False) for a, name in zip(arrays, graph.inputs)]
+        g = cache.get(len(xs[0])) or cache.setdefault(len(xs[0]), with_batch(graph, len(xs[0])))
+        _, kept = run(g, *xs, keep=nodes)
+        for name, x in zip(graph.inputs, xs):
+            obs[name].update(x)
+        for n in nodes:
             obs[n].update(kept[n])
     return obs
 

@@ -165,5 +165,8 @@ def ptq(graph: Graph, calibration_data, per_channel=True, method="minmax", int8_
     pg = prepare(graph)
     ranges = calibrate(pg, calibration_data, method=method, percentile=percentile, batch_size=batch_size)
     out = convert(pg, ranges, per_channel=per_channel, int8_io=int8_io)
-    out.meta.update(calibration=method, calibration_samples=int(len(np.asarray(calibration_data))))
+    first = (next(iter(calibration_data.values())) if isinstance(calibration_data, dict) else
+             calibration_data[0] if isinstance(calibration_data, (list, tuple)) and len(graph.inputs) > 1
+             else calibration_data)
+    out.meta.update(calibration=method, calibration_samples=int(len(np.asarray(first))))
     return out

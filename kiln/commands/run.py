@@ -1,9 +1,14 @@
-"""kiln run --board B MODEL --inputs N: run a model on a board (QEMU, or a real board with --port
-or a lab map), check every output bit-exact against the host int8 reference, and report latency
-(instructions per layer and total, MACs per instruction; cycles/ms on real boards) and memory."""
+"""kiln run MODEL --board B: run a model on a board (QEMU, or a real board with --port or a lab
+map) and check every output against Kiln's reference executor (bit for bit for integer outputs,
+within a tolerance for float ones) and, for a .tflite model, against LiteRT's reference kernels.
+Reports latency (exact instructions per layer and in total under QEMU, cycles and milliseconds at
+the running core clock on real hardware) and memory. With --data, every sample of a data file
+runs on the board and the accuracy (labels) or error (expected outputs) is reported for the float
+model, the int8 reference, the C package on the host and the board."""
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -11,109 +16,277 @@ import numpy as np
 from kiln.commands import add_optimize_argument
 from kiln.frontend.errors import KilnError
 
+# float outputs of a board vs the NumPy reference: same float32 operations in a different order
+FLOAT_RTOL, FLOAT_ATOL = 1e-4, 1e-5
+
 
 def add_arguments(p):
-    p.add_argument("model", help=".tflite, Kiln graph .json, or a package folder")
+    p.add_argument("model", help=".tflite, Kiln graph .json, or a compiled package folder")
     add_optimize_argument(p)
     p.add_argument("--board", default=None, help="board name (see `kiln boards`)")
-    p.add_argument("--target", default=None, help="'cuda' to run a CUDA package on the GPU")
-    p.add_argument("--inputs", type=int, default=4, help="number of seeded random inputs (default 4)")
-    p.add_argument("--golden", default=None, help="use the inputs of a golden .npz instead")
+    p.add_argument("--target", default=None, help="'cuda' to run a CUDA package on the GPU instead of a board")
+    p.add_argument("--inputs", type=int, default=4, help="number of seeded random inputs (default: 4)")
+    p.add_argument("--golden", default=None, help="use the inputs of a golden .npz (see `kiln golden`)")
+    p.add_argument("--data", default=None, help="samples .npz with inputs and labels or expected outputs: "
+                   "report accuracy / error on the board (see README, 'Sample files')")
+    p.add_argument("--limit", type=int, default=None, help="use at most this many samples of --data")
+    p.add_argument("--float-model", default=None, help="the float model an int8 model was quantised from, "
+                   "for the float column of --data (default: the one `kiln quantize` recorded, if any)")
     p.add_argument("--port", default=None, help="serial port / pyserial URL of a real board")
     p.add_argument("--lab-map", default=None, help="lab map TOML naming which real board is on which port")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("-o", "--out", default=None, help="build folder (default: a temporary one)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    p.add_argument("-o", "--out", default=None, help="build folder (default: a temporary folder, removed "
+                   "afterwards unless --keep)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary build folder")
 
 
-def _inputs(graph, args):
-    if args.golden:
-        from kiln.commands.verify import load_golden
-        return [p[0] for p in load_golden(args.golden)]
-    t = graph.types[graph.inputs[0]]
-    rng = np.random.default_rng(args.seed)
-    if t.dtype == "int8":
-        return [rng.integers(-128, 128, t.shape).astype(np.int8) for _ in range(args.inputs)]
-    return [rng.standard_normal(t.shape).astype(t.dtype) for _ in range(args.inputs)]
+# ---- samples -----------------------------------------------------------------------------------
+def _samples(graph, args):
+    from kiln.samples import load_samples, random_inputs
+    if args.data and args.golden:
+        raise KilnError("give --data or --golden, not both")
+    if args.data or args.golden:
+        s = load_samples(args.data or args.golden, graph, limit=args.limit)
+        if not len(s):
+            raise KilnError(f"{args.data or args.golden}: no samples")
+        return s
+    if args.inputs < 1:
+        raise KilnError(f"--inputs must be at least 1, got {args.inputs}")
+    from kiln.samples import Samples
+    return Samples(random_inputs(graph, args.inputs, args.seed), None, "inputs",
+                   f"{args.inputs} random inputs (seed {args.seed})")
 
 
+def as_tuple(o):
+    return tuple(o) if isinstance(o, (tuple, list)) else (o,)
+
+
+# ---- comparisons -------------------------------------------------------------------------------
+def compare_outputs(got, want):
+    """(match, worst |difference|, exact) of one sample's outputs: bit-exact for integer outputs,
+    within FLOAT_ATOL + FLOAT_RTOL * |want| for float ones."""
+    worst, ok, exact = 0.0, True, True
+    for a, b in zip(got, want):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape and a.size == b.size:
+            a = a.reshape(b.shape)
+        if a.shape != b.shape:
+            return False, float("inf"), exact
+        d = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        worst = max(worst, float(d.max(initial=0.0)))
+        if b.dtype.kind in "iub":
+            ok &= bool((d == 0).all())
+        else:
+            exact = False
+            ok &= bool((d <= FLOAT_ATOL + FLOAT_RTOL * np.abs(b.astype(np.float64))).all())
+    return ok, worst, exact
+
+
+def check(name, got_list, want_list):
+    res = [compare_outputs(g, w) for g, w in zip(got_list, want_list)]
+    bad = [k for k, r in enumerate(res) if not r[0]]
+    exact = all(r[2] for r in res)
+    return {"against": name, "match": not bad, "mismatched_samples": bad,
+            "worst_abs_diff": max((r[1] for r in res), default=0.0),
+            "rule": "bit-exact" if exact else f"|diff| <= {FLOAT_ATOL:g} + {FLOAT_RTOL:g} * |expected|"}
+
+
+def _tflite_source(model, pkg_dir):
+    """The .tflite a run can be checked against with LiteRT: the model itself, or the one the
+    package was compiled from (kept in the package as source.tflite)."""
+    if os.fspath(model).endswith(".tflite"):
+        return os.fspath(model)
+    p = os.path.join(pkg_dir, "source.tflite")
+    return p if os.path.exists(p) else None
+
+
+# ---- metrics over a data file -------------------------------------------------------------------
+def metrics(outs, samples):
+    """Accuracy (labels) or error (expected outputs) of outputs over samples; None without targets."""
+    if samples.targets is None:
+        return None
+    if samples.kind == "labels":
+        pred = [int(np.argmax(np.asarray(o[0]).reshape(-1))) for o in outs]
+        return {"accuracy": float(np.mean(np.asarray(pred) == np.asarray(samples.targets)))}
+    err, lsb = [], []
+    for o, t in zip(outs, samples.targets):
+        for a, b in zip(o, t):
+            a, b = np.asarray(a, np.float64).reshape(-1), np.asarray(b, np.float64).reshape(-1)
+            err.append(a - b)
+            if np.asarray(t[0]).dtype.kind in "iu":
+                lsb.append(np.abs(a - b))
+    e = np.concatenate(err) if err else np.zeros(1)
+    m = {"mse": float(np.mean(e ** 2)), "mae": float(np.mean(np.abs(e))), "max_abs_error": float(np.abs(e).max())}
+    if lsb:
+        m["max_error_lsb"] = int(np.concatenate(lsb).max())
+    return m
+
+
+def _float_model(graph, args):
+    path = args.float_model or graph.meta.get("float_model")
+    if not path:
+        return None
+    if not os.path.exists(path):
+        if args.float_model:
+            raise KilnError(f"--float-model {path} not found")
+        return None
+    from kiln import hil
+    return hil.load_model(path)
+
+
+def _data_report(graph, pkg_dir, samples, board_outs, ref_outs, args):
+    """accuracy / error per stage for --data: float model, int8 reference, host C, board."""
+    from kiln.backends.host import HostModel
+    from kiln.quantize.targets import run_reference
+    from kiln.samples import load_samples
+    rows = {}
+    fg = _float_model(graph, args)
+    if fg is not None and fg is not graph:
+        fs = load_samples(args.data or args.golden, fg, limit=args.limit)
+        rows["float (host)"] = metrics(run_reference(fg, fs.inputs), fs)
+    rows["reference (host)"] = metrics(ref_outs, samples)
+    host = HostModel(pkg_dir)
+    rows["C package (host)"] = metrics([tuple(host.run(*xs)) for xs in samples.inputs], samples)
+    rows[f"board ({args.board})"] = metrics(board_outs, samples)
+    return rows
+
+
+# ---- the command ------------------------------------------------------------------------------
 def run(args):
     if args.target == "cuda":
         return _run_cuda(args)
+    if args.target is not None:
+        raise KilnError(f"--target {args.target!r}: kiln run takes --board B, or --target cuda")
     if not args.board:
-        raise KilnError("kiln run needs --board B (or --target cuda)")
-    from kiln import boards, hil
+        raise KilnError("kiln run needs --board B (see `kiln boards`) or --target cuda")
+    if args.limit is not None and args.limit < 1:
+        raise KilnError(f"--limit must be at least 1, got {args.limit}")
+    from kiln import boards
     board = boards.load(args.board)
     lab_map = None
     if args.lab_map:
         from kiln.boards.labmap import load_lab_map
         lab_map = load_lab_map(args.lab_map)
+    temp = args.out is None
     out = args.out or tempfile.mkdtemp(prefix=f"kiln_run_{args.board}_")
-    image, pkg_dir = hil.build_for_board(args.model, board, out, optimize=args.optimize, port=args.port,
-                                         lab_map=lab_map)
-    graph = hil.package_graph(pkg_dir)
-    xs = _inputs(graph, args)
-    ref = hil.reference_outputs(graph, xs)
-    res = hil.run_on_board(image, pkg_dir, xs, port=args.port, lab_map=lab_map)
-    bad = [k for k, (a, b) in enumerate(zip(res.outputs, ref)) if not np.array_equal(np.asarray(a).reshape(-1), np.asarray(b).reshape(-1))]
-    import json
-    with open(os.path.join(pkg_dir, "manifest.json")) as f:
-        macs = json.load(f)["macs"]
-    ins = res.instructions[0] if res.instructions and res.instructions[0] else None
-    real = not (board.emulated or board.emulates) or args.port
-    cycles_ms = None
-    if res.ticks and res.timer_hz:
-        secs = res.ticks[0] / res.timer_hz
-        cycles_ms = {"ms": round(secs * 1e3, 3), "cycles_at_board_clock": int(secs * board.clock_hz)}
-    rep = {"ok": not bad, "board": args.board, "inputs": len(xs), "bit_exact": not bad, "mismatched_inputs": bad,
-           "instructions_per_inference": ins, "instruction_source": res.instruction_source,
-           "macs": macs, "macs_per_instruction": round(macs / ins, 4) if ins else None,
-           "timing": cycles_ms if real else None, "per_layer": res.profile,
-           "memory": {"arena_bytes": res.sizes.get("arena"), "stack_used_bytes": res.stack_used,
-                      "text": res.sizes.get("text"), "rodata": res.sizes.get("rodata"),
-                      "data": res.sizes.get("data"), "bss": res.sizes.get("bss"),
-                      "flash_bytes": res.sizes.get("flash_used"),
-                      "model_flash_bytes": res.sizes.get("model_flash_bytes"),
-                      "harness_flash_bytes": res.sizes.get("harness_flash_bytes"),
-                      "flash_breakdown": res.sizes.get("flash_breakdown"),
-                      "ram_bytes": res.sizes.get("ram_used")},
-           "link_stats": res.stats, "build": out}
+    try:
+        rep = _run_on(board, args, out, lab_map)
+    finally:
+        if temp and not args.keep:
+            shutil.rmtree(out, ignore_errors=True)
+    rep["build"] = out if (not temp or args.keep) else None
     rep["text"] = _table(rep)
     return rep
 
 
+def _run_on(board, args, out, lab_map):
+    from kiln import hil
+    from kiln.quantize.targets import run_reference
+    image, pkg_dir = hil.build_for_board(args.model, board, out, optimize=args.optimize, port=args.port,
+                                         lab_map=lab_map)
+    graph = hil.package_graph(pkg_dir)
+    samples = _samples(graph, args)
+    res = hil.run_on_board(image, pkg_dir, [s if len(s) > 1 else s[0] for s in samples.inputs],
+                           port=args.port, lab_map=lab_map)
+    board_outs = [as_tuple(o) for o in res.outputs]
+    ref_outs = run_reference(graph, samples.inputs)
+    checks = [check("Kiln's reference executor", board_outs, ref_outs)]
+    src = _tflite_source(args.model, pkg_dir)
+    if src is not None:
+        from kiln.litert import run_litert
+        checks.append(check("LiteRT's reference kernels (BUILTIN_REF)", board_outs, run_litert(src, samples.inputs)))
+    man = hil.read_manifest(pkg_dir)
+    ins = next((n for n in res.instructions if n), None)
+    real = (not board.emulated) and (args.port is not None or (lab_map is not None and board.name in lab_map.boards()))
+    rep = {"ok": all(c["match"] for c in checks), "board": args.board, "emulated": not real,
+           "samples": len(samples), "sample_source": samples.source,
+           "bit_exact": all(c["match"] and c["rule"] == "bit-exact" for c in checks),
+           "checks": checks, "compared_against": [c["against"] for c in checks],
+           "mismatched_inputs": sorted({k for c in checks for k in c["mismatched_samples"]}),
+           "instructions_per_inference": ins, "instruction_source": res.instruction_source,
+           "macs": man["macs"], "macs_per_instruction": round(man["macs"] / ins, 4) if ins else None,
+           "timing": _timing(res, board, real), "per_layer": res.profile,
+           "memory": _memory(res), "link_stats": res.stats}
+    if samples.targets is not None:
+        rep["data_metrics"] = _data_report(graph, pkg_dir, samples, board_outs, ref_outs, args)
+    return rep
+
+
+def _timing(res, board, real):
+    """Cycles and milliseconds of the first inference on real hardware, at the clock the firmware
+    runs the core at; None under QEMU (its timers run on virtual time: instructions are the
+    measurement there)."""
+    if not real:
+        return None
+    if not (res.ticks and res.ticks[0] and res.timer_hz):
+        return {"source": "none", "note": "the board reported no timer"}
+    secs = res.ticks[0] / res.timer_hz
+    return {"source": "hardware", "ms": round(secs * 1e3, 3), "cycles": int(round(secs * board.run_clock_hz)),
+            "core_clock_hz": board.run_clock_hz, "max_clock_hz": board.clock_hz}
+
+
+def _memory(res):
+    s = res.sizes
+    return {"arena_bytes": s.get("arena"), "stack_used_bytes": res.stack_used, "text": s.get("text"),
+            "rodata": s.get("rodata"), "data": s.get("data"), "bss": s.get("bss"),
+            "flash_bytes": s.get("flash_used"), "model_flash_bytes": s.get("model_flash_bytes"),
+            "harness_flash_bytes": s.get("harness_flash_bytes"), "flash_breakdown": s.get("flash_breakdown"),
+            "ram_bytes": s.get("ram_used")}
+
+
+def _n(v, fmt=","):
+    return "n/a" if v is None else format(v, fmt)
+
+
 def _table(rep):
     m = rep["memory"]
-    lines = [f"{rep['inputs']} inputs on {rep['board']}: " + ("all outputs bit-exact with the host int8 reference"
-                                                              if rep["bit_exact"] else f"MISMATCH on inputs {rep['mismatched_inputs']}")]
+    where = f"{rep['board']}" + (" (QEMU)" if rep["emulated"] else "")
+    lines = [f"{rep['samples']} samples ({rep['sample_source']}) on {where}:"]
+    for c in rep["checks"]:
+        verdict = "match" if c["match"] else f"MISMATCH on samples {c['mismatched_samples']}"
+        lines.append(f"  vs {c['against']}: {verdict} ({c['rule']}; worst |diff| {c['worst_abs_diff']:.3g})")
     if rep["instructions_per_inference"]:
         lines.append(f"instructions / inference: {rep['instructions_per_inference']:,} ({rep['instruction_source']}), "
                      f"{rep['macs']:,} MACs, {rep['macs_per_instruction']} MACs/instruction")
-    if rep["timing"]:
-        lines.append(f"time / inference: {rep['timing']['ms']} ms, {rep['timing']['cycles_at_board_clock']:,} cycles")
-    lines.append(f"memory: arena {m['arena_bytes']:,} B, stack high-water {m['stack_used_bytes']:,} B, "
-                 f".text {m['text']:,} B, .rodata {m['rodata']:,} B, .data {m['data']:,} B, .bss {m['bss']:,} B")
-    lines.append(f"flash: whole image {m['flash_bytes']:,} B (.text + .rodata + .data: model, protocol, drivers, "
+    t = rep["timing"]
+    if t and t.get("ms") is not None:
+        note = "" if t["core_clock_hz"] == t["max_clock_hz"] else \
+            f"; the board's maximum is {t['max_clock_hz'] / 1e6:g} MHz, a PLL set-up Kiln does not do yet"
+        lines.append(f"time / inference: {t['ms']} ms, {t['cycles']:,} cycles at the {t['core_clock_hz'] / 1e6:g} MHz "
+                     f"core clock{note}")
+    elif rep["emulated"]:
+        lines.append("time: emulated board (QEMU): no hardware timing; the instruction count is the measurement")
+    lines.append(f"memory: arena {_n(m['arena_bytes'])} B, stack high-water {_n(m['stack_used_bytes'])} B, "
+                 f".text {_n(m['text'])} B, .rodata {_n(m['rodata'])} B, .data {_n(m['data'])} B, .bss {_n(m['bss'])} B")
+    lines.append(f"flash: whole image {_n(m['flash_bytes'])} B (.text + .rodata + .data: model, protocol, drivers, "
                  f"startup, libc)")
     if m.get("model_flash_bytes") is not None:
         b = m["flash_breakdown"]
         lines.append(f"flash: model {m['model_flash_bytes']:,} B (kernels code {b['kernels_code']:,} + constants "
                      f"{b['model_constants']:,} + command-buffer runtime {b['runtime']:,}; counted like TFLM's "
                      f"library + model), harness {m['harness_flash_bytes']:,} B")
+    if rep.get("data_metrics"):
+        lines.append(f"\n{'on ' + rep['sample_source']:<40} " + "  ".join(
+            k for k in next(iter(rep["data_metrics"].values())) or {}))
+        for stage, mt in rep["data_metrics"].items():
+            lines.append(f"  {stage:<38} " + "  ".join(
+                f"{100 * v:.2f}%" if k == "accuracy" else f"{v:.4g}" for k, v in (mt or {}).items()))
     lines.append(f"\n{'command':<28} {'MACs':>10} {'instructions':>13} {'MAC/instr':>9}")
-    for l in rep["per_layer"]:
-        ins = l["instructions"]
-        lines.append(f"{l['name']:<28} {l['macs']:>10,} {ins if ins is not None else 'n/a':>13,} "
-                     f"{(l['macs'] / ins if ins else 0):>9.3f}")
+    for layer in rep["per_layer"]:
+        ins = layer["instructions"]
+        lines.append(f"{layer['name']:<28} {layer['macs']:>10,} {_n(ins):>13} "
+                     f"{(format(layer['macs'] / ins, '.3f') if ins else 'n/a'):>9}")
     return "\n".join(lines)
 
 
 def _run_cuda(args):
-    from kiln.backends import cuda_runner
     from kiln import hil
+    from kiln.backends import cuda_runner
+    from kiln.quantize.targets import run_reference
     graph = hil.package_graph(args.model) if hil.is_package(args.model) else hil.load_model(args.model)
-    xs = _inputs(graph, args)
-    outs = cuda_runner.run_package(args.model, xs, capture=True)
-    ref = hil.reference_outputs(graph, xs)
-    err = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(outs, ref))
-    return {"ok": err <= 1e-4, "target": "cuda", "inputs": len(xs), "max_abs_err": err,
-            "text": f"{len(xs)} inputs on cuda: max |err| vs NumPy reference {err:.3g}"}
+    samples = _samples(graph, args)
+    outs = cuda_runner.run_package(args.model, [s[0] for s in samples.inputs], capture=True)
+    ref = run_reference(graph, samples.inputs)
+    err = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b[0])))) for a, b in zip(outs, ref))
+    return {"ok": err <= 1e-4, "target": "cuda", "samples": len(samples), "max_abs_err": err,
+            "text": f"{len(samples)} samples on cuda: max |err| vs NumPy reference {err:.3g}"}

@@ -32,7 +32,7 @@ def test_boards_json(capsys):
 
 def test_unknown_board_is_an_error(capsys):
     rc, rep = _json(capsys, ["boards", "no-such-board", "--json"])
-    assert rc == 1 and not rep["ok"] and "unknown board 'no-such-board'" in rep["error"]
+    assert rc == 2 and not rep["ok"] and "unknown board 'no-such-board'" in rep["error"]
 
 
 def test_verify_reference_and_host_exit_codes(capsys, shared_models):
@@ -42,13 +42,13 @@ def test_verify_reference_and_host_exit_codes(capsys, shared_models):
         rc, rep = _json(capsys, ["verify", m, "--golden", g, "--target", target, "--json"])
         assert rc == 0 and rep["ok"] and rep["matched"] == 8, target
     rc, rep = _json(capsys, ["verify", m, "--golden", g, "--target", "nowhere", "--json"])
-    assert rc == 1 and "unknown target 'nowhere'" in rep["error"]
+    assert rc == 2 and "unknown target 'nowhere'" in rep["error"]
 
 
 def test_verify_missing_golden(capsys, shared_models):
     rc, rep = _json(capsys, ["verify", os.path.join(shared_models, "kws_ref_model.tflite"), "--golden",
                              "/nonexistent.npz", "--json"])
-    assert rc == 1 and "not found" in rep["error"]
+    assert rc == 2 and "not found" in rep["error"]
 
 
 @pytest.mark.qemu
@@ -104,3 +104,13 @@ def test_compile_optimize_size_vs_speed(capsys, shared_models, tmp_path):
     r = subprocess.run([sys.executable, "-m", "kiln", "compile", m, "-o", str(tmp_path / "x"), "--optimize", "fast"],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "--optimize" in r.stderr
+
+
+def test_no_command_exits_2_with_usage():
+    r = subprocess.run([sys.executable, "-m", "kiln"], capture_output=True, text=True)
+    assert r.returncode == 2 and "usage: kiln" in r.stderr
+
+
+def test_piped_output_closed_early_is_not_a_traceback():
+    r = subprocess.run(f"{sys.executable} -m kiln boards | head -n 1", shell=True, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("board") and "Traceback" not in r.stderr

@@ -50,8 +50,12 @@ def test_quantize_cli_ptq_and_export(digits_model, tmp_path, capsys):
 
 
 def test_quantize_cli_errors(tmp_path, capsys):
-    assert main(["quantize", str(tmp_path / "missing.json")]) == 1
-    assert "no such graph file" in capsys.readouterr().err
+    assert main(["quantize", str(tmp_path / "missing.json"), "--data", "digits"]) == 2
+    assert "not found" in capsys.readouterr().err
+    # no silent default data set: --data is required
+    with pytest.raises(SystemExit) as e:
+        main(["quantize", str(tmp_path / "missing.json")])
+    assert e.value.code == 2 and "--data" in capsys.readouterr().err
 
 
 def test_quantize_cli_npz_data_and_qat(digits_model, tmp_path, capsys):

@@ -150,6 +150,6 @@ def test_cli_reports_a_corrupt_checkpoint(tmp_path):
     res = subprocess.run([sys.executable, "-m", "kiln", "train", "--model", "digits-cnn", "--out", str(out),
                           "--resume", "--json"], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
                          capture_output=True, text=True)
-    assert res.returncode == 1
+    assert res.returncode == 2
     rep = json.loads(res.stdout)
     assert rep["error_type"] == "CheckpointError" and "corrupt or truncated" in rep["error"]

@@ -49,4 +49,4 @@ def test_user_model_file_with_npz_data(capsys, tmp_path):
 ])
 def test_errors_are_clear(capsys, argv, msg):
     rc, rep = _json(capsys, ["train", "--json", "--quiet"] + argv)
-    assert rc == 1 and not rep["ok"] and msg in rep["error"]
+    assert rc == 2 and not rep["ok"] and msg in rep["error"]
