@@ -32,3 +32,14 @@ class NumericsError(KilnError):
         super().__init__(message)
         self.node = node
         self.op = op
+
+
+class UsageError(KilnError):
+    """The command cannot run as asked: a bad argument or option, or an output that cannot be
+    written. The command line exits with 2 (a failed check exits with 1)."""
+
+
+class OutputError(UsageError):
+    """A file or folder could not be written (a file where a folder should be, a read-only
+    folder, a full disk): names the path, the reason and what to do; nothing half-written is
+    left behind."""

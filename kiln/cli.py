@@ -1,7 +1,9 @@
 """The ``kiln`` command line. Each sub-command lives in ``kiln/commands/<name>.py`` and defines
 ``add_arguments(parser)`` and ``run(args) -> dict`` (the report). The CLI prints the report as a
 table, or as one JSON object with ``--json``, and exits non-zero when the report says ``ok: false``
-or a KilnError is raised."""
+or a KilnError is raised: exit code 1 for a failed check, 2 for a usage or infrastructure error
+(a ``kiln.frontend.errors.UsageError``: bad arguments, an unwritable output folder, a full disk;
+argparse's own errors exit 2 too)."""
 from __future__ import annotations
 
 import argparse
@@ -72,6 +74,13 @@ def user_errors():
     return tuple(errs)
 
 
+def exit_code(error):
+    """2 for a usage or infrastructure error (UsageError: bad arguments, an unwritable output, a
+    full disk), 1 for every other error Kiln reports (a failed check)."""
+    from kiln.frontend.errors import UsageError
+    return 2 if isinstance(error, UsageError) else 1
+
+
 def main(argv=None):
     KilnError = user_errors()
     parser = build_parser()
@@ -91,7 +100,7 @@ def main(argv=None):
             print(json.dumps({"ok": False, "command": args.command, "error": str(e), "error_type": type(e).__name__}))
         else:
             print(f"error: {e}", file=sys.stderr)
-        return 1
+        return exit_code(e)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -8,7 +8,7 @@ import tempfile
 
 import numpy as np
 
-from kiln.commands import add_optimize_argument
+from kiln.commands import add_optimize_argument, positive_int
 from kiln.frontend.errors import KilnError
 
 
@@ -17,7 +17,7 @@ def add_arguments(p):
     add_optimize_argument(p)
     p.add_argument("--board", default=None, help="board name (see `kiln boards`)")
     p.add_argument("--target", default=None, help="'cuda' to run a CUDA package on the GPU")
-    p.add_argument("--inputs", type=int, default=4, help="number of seeded random inputs (default 4)")
+    p.add_argument("--inputs", type=positive_int, default=4, help="number of seeded random inputs (default 4)")
     p.add_argument("--golden", default=None, help="use the inputs of a golden .npz instead")
     p.add_argument("--port", default=None, help="serial port / pyserial URL of a real board")
     p.add_argument("--lab-map", default=None, help="lab map TOML naming which real board is on which port")
