@@ -137,3 +137,12 @@ def test_board_ram_check_counts_buffers_and_stack(tmp_path, tiny_model):
     need, arena, over = (int(g.replace(",", "")) for g in m.groups())
     assert arena <= 6144 and need == arena + 1024 + 1024 + 8192 and over == need - 6144
     assert not (tmp_path / "b" / "package").exists() and not _leftovers(tmp_path / "b")
+
+
+def test_demo_logs_have_no_progress_bars_and_readable_stage_times():
+    from kiln.commands import demo
+    from kiln.report import stage_times
+    assert demo._bar(10, "images", quiet=False) is None          # pytest's stderr is not a terminal
+    times = {"train the digits CNN on the host": 6.14, "quantise to int8 (PTQ)": 0.4}
+    assert stage_times(times) == "train 6.1 s, quantise 0.4 s"
+    assert stage_times(times, short=False) == "- train the digits CNN on the host: 6.1 s\n- quantise to int8 (PTQ): 0.4 s"
