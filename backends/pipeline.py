@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from kiln.frontend.errors import KilnError
+from kiln.frontend.files import staged_dir
 
 from . import cpus, emit, passes, planner
 from .lower import lower_group, register_pending, source_key
@@ -154,13 +155,19 @@ def plan(st):
 
 
 def check_budget(st):
-    """Needs: plan."""
+    """Needs: plan. The arena plus ``ram_reserved`` (the rest of what the board keeps in RAM)
+    must fit ``ram_budget``."""
     budget = st.get("ram_budget")
     p = st["plan"]
-    if budget is not None and p.arena_bytes > budget:
-        raise BudgetError(f"arena of {p.arena_bytes} B does not fit the RAM budget of {budget} B "
-                          f"(over by {p.arena_bytes - budget} B); largest live set without in-place "
-                          f"reuse is {p.lower_bound()} B")
+    parts = {"arena": p.arena_bytes, **(st.get("ram_reserved") or {})}
+    need = sum(parts.values())
+    if budget is not None and need > budget:
+        what = f"arena of {need} B"
+        if len(parts) > 1:
+            what = (f"the model needs {need:,} B of RAM (" + " + ".join(f"{k} {v:,} B" for k, v in parts.items())
+                    + "; the firmware's own .data/.bss come on top, checked when linking)")
+        raise BudgetError(f"{what} does not fit the RAM budget of {budget} B (over by {need - budget} B); largest "
+                          f"live set without in-place reuse is {p.lower_bound()} B")
 
 
 def emit_package(st):
@@ -277,20 +284,25 @@ PIPELINE = [load, prepare, check_supported, fuse, lower, plan, check_budget, emi
 
 
 def compile(graph_or_path, target="cortex-m4", out_dir=None, ram_budget=None, plot=True, measure_size=True,
-            optimize="size"):
+            optimize="size", ram_reserved=None):
     """Compile a model (Graph, .json or .tflite) to a C package in ``out_dir``. ``optimize``:
     "size" (int8 weights everywhere, the default) or "speed" (int16-packed weights for layers
-    up to schedules.W16_MAX_BYTES: fewer instructions, more flash)."""
+    up to schedules.W16_MAX_BYTES: fewer instructions, more flash). ``ram_budget``: bytes of RAM
+    for the arena plus ``ram_reserved`` ({what: bytes} of the other RAM a board needs, e.g. the
+    input and output buffers and the stack); more fails with BudgetError."""
     t0 = time.time()
     if out_dir is None:
         out_dir = tempfile.mkdtemp(prefix="kiln_pkg_")
-    st = dict(source=graph_or_path, target=cpus.get(target, optimize), out_dir=os.fspath(out_dir), ram_budget=ram_budget,
-              plot=plot, measure=measure_size)
-    for p in PIPELINE:
-        p(st)
-    st["manifest"]["compile_seconds"] = round(time.time() - t0, 3)
-    emit.write_manifest(st["out_dir"], st["manifest"])
-    return Package(st["out_dir"], st["manifest"], st["plan"], st["graph"])
+    # the package is written to a temporary folder beside out_dir and moved into place when
+    # complete: a failure (a full disk included) leaves no half-written package
+    with staged_dir(out_dir, "package folder", last="manifest.json") as tmp:
+        st = dict(source=graph_or_path, target=cpus.get(target, optimize), out_dir=tmp, ram_budget=ram_budget,
+                  ram_reserved=ram_reserved, plot=plot, measure=measure_size)
+        for p in PIPELINE:
+            p(st)
+        st["manifest"]["compile_seconds"] = round(time.time() - t0, 3)
+        emit.write_manifest(st["out_dir"], st["manifest"])
+    return Package(os.fspath(out_dir), st["manifest"], st["plan"], st["graph"])
 
 
 def load_package(path):

@@ -219,9 +219,20 @@ def _too_large(board, over, package_dir, gen, link, prefix, stack_size, semihost
     sizes = size_report(big / "oversize.elf", board, package_dir, prefix) if p.returncode == 0 else None
     parts = [f"{region} overflowed by {n} bytes" for region, n in over.items()]
     detail = f"\n{sizes}" if sizes else ""
+    if sizes and any("RAM" in r.upper() for r in over):
+        detail += "\n" + _ram_parts(sizes, _model_defines(package_dir))
     name = board.emulates or board.name
     return ImageTooLarge(f"model in {package_dir} does not fit board {name}: {'; '.join(parts)}"
                          f"{detail}", over, sizes)
+
+
+def _ram_parts(sizes: SizeReport, defines: dict[str, int]) -> str:
+    """What the board needs in RAM, part by part (the parts sum to sizes.ram_used)."""
+    parts = {"arena": sizes.arena, "input buffer": defines.get("KILN_INPUT_BYTES", 0),
+             "output buffer": defines.get("KILN_OUTPUT_BYTES", 0), "stack": sizes.stack}
+    parts["the firmware's other .data/.bss"] = sizes.ram_used - sum(parts.values())
+    return (f"  RAM needed {sizes.ram_used:,} B = " + " + ".join(f"{k} {v:,} B" for k, v in parts.items())
+            + f"; the board has {sizes.ram_total:,} B")
 
 
 def size_report(elf: Path, board: Board, package_dir: Path | None = None,

@@ -2,8 +2,8 @@
 NumPy reference executor."""
 from . import ops  # noqa: F401  (fills the registry)
 from . import functional
-from .errors import (GraphError, KilnError, LimitError, NumericsError, SerializationError, ShapeError,
-                     TraceError)
+from .errors import (GraphError, KilnError, LimitError, NumericsError, OutputError, SerializationError,
+                     ShapeError, TraceError, UsageError)
 from .executor import RunStats, run, run_updates
 from .graph import Graph, Node
 from .limits import LIMITS, limits, set_limits

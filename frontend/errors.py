@@ -29,3 +29,9 @@ class NumericsError(KilnError):
         super().__init__(message)
         self.node = node
         self.op = op
+
+
+class OutputError(UsageError):
+    """A file or folder could not be written (a file where a folder should be, a read-only
+    folder, a full disk): names the path, the reason and what to do; nothing half-written is
+    left behind."""

@@ -13,6 +13,7 @@ import zipfile
 import numpy as np
 
 from .errors import GraphError, KilnError, LimitError, SerializationError, ShapeError
+from .files import atomic_write  # noqa: F401  (re-exported: kiln.frontend.serialize.atomic_write)
 from .graph import Graph, Node
 from .types import TensorType
 
@@ -56,30 +57,6 @@ def save(graph: Graph, path):
     atomic_write(npath, blob)
     atomic_write(jpath, json.dumps(d, indent=1).encode())
     return jpath
-
-
-def atomic_write(path, data: bytes):
-    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one:
-    temporary file in the same folder, flush, fsync, rename, fsync the folder."""
-    path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def load(path) -> Graph:

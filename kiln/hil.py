@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from kiln.frontend.errors import KilnError
+from kiln.frontend.files import staged_dir
 
 
 def load_model(path):
@@ -32,18 +33,22 @@ def is_package(path):
     return os.path.isdir(path) and os.path.exists(os.path.join(path, "manifest.json"))
 
 
-def compile_model(model, target, out_dir, ram_budget=None, plot=True, optimize="size"):
+def compile_model(model, target, out_dir, ram_budget=None, plot=True, optimize="size", ram_reserved=None):
     """Compile a Graph or model file to a C package; the source graph is saved beside it
     (graph.json) so later stages can compute reference outputs from the package alone, and a
-    .tflite source is kept as source.tflite (for checks against LiteRT's reference kernels)."""
+    .tflite source is kept as source.tflite (for checks against LiteRT's reference kernels). The
+    package and these files appear together or not at all (a staged folder moved into place)."""
     from kiln import backends
     from kiln.frontend import save
+    from kiln.frontend.files import staged_dir
     graph = load_model(model) if isinstance(model, (str, os.PathLike)) else model
-    pkg = backends.compile(graph, target=target, out_dir=out_dir, ram_budget=ram_budget, plot=plot, optimize=optimize)
-    save(graph, os.path.join(pkg.path, "graph.json"))
-    if isinstance(model, (str, os.PathLike)) and os.fspath(model).endswith(".tflite"):
-        shutil.copyfile(model, os.path.join(pkg.path, "source.tflite"))
-    return pkg
+    with staged_dir(out_dir, "package folder", last="manifest.json") as tmp:
+        pkg = backends.compile(graph, target=target, out_dir=tmp, ram_budget=ram_budget, plot=plot,
+                               optimize=optimize, ram_reserved=ram_reserved)
+        save(graph, os.path.join(tmp, "graph.json"))
+        if isinstance(model, (str, os.PathLike)) and os.fspath(model).endswith(".tflite"):
+            shutil.copyfile(model, os.path.join(tmp, "source.tflite"))
+    return dataclasses.replace(pkg, path=os.fspath(out_dir))
 
 
 def read_manifest(pkg_dir):
@@ -98,7 +103,11 @@ def build_for_board(model, board, out_dir, *, emulate=None, ram_budget=None, sta
                             f"recompile with --target {b.core}")
     else:
         pkg_dir = os.path.join(out_dir, "package")
-        compile_model(model, b.core, pkg_dir, ram_budget=ram_budget or b.ram_region.size, optimize=optimize)
+        graph = load_model(model) if isinstance(model, (str, os.PathLike)) else model
+        io = {"input buffer": sum(graph.types[v].nbytes for v in graph.inputs),
+              "output buffer": sum(graph.types[v].nbytes for v in graph.outputs), "stack": stack_size}
+        compile_model(graph, b.core, pkg_dir, ram_budget=ram_budget or b.ram_region.size, optimize=optimize,
+                      ram_reserved=io)
     if emulate is None:
         emulate = emulate_by_default(b, port, lab_map)
     image = firmware.build(pkg_dir, b, os.path.join(out_dir, "firmware"), emulate=emulate, stack_size=stack_size)

@@ -28,6 +28,14 @@ def _plot_layers(per_layer, path, title):
     plt.close(fig)
 
 
+def stage_times(times: dict, short=True) -> str:
+    """Stage times as text, in order: "train 6.1 s, quantise 0.4 s" (``short``: each stage's first
+    word), else one "- stage: 6.1 s" line per stage (Markdown)."""
+    if short:
+        return ", ".join(f"{name.split()[0]} {sec:.1f} s" for name, sec in times.items())
+    return "\n".join(f"- {name}: {sec:.1f} s" for name, sec in times.items())
+
+
 def write_demo_report(rep, out, memory_png=None):
     """Write report.md, report.json, latency.png (and memory.png) into ``out``; returns the .md path."""
     lat, mem = rep["latency"], rep["memory"]
@@ -57,7 +65,7 @@ def write_demo_report(rep, out, memory_png=None):
                   f"{(l['macs'] / ins) if ins else 0:.3f} |")
     if has_mem:
         md += ["", "## Memory plan", "", "![memory plan](memory.png)"]
-    md += ["", f"Stage times (s): {rep['stage_seconds']}"]
+    md += ["", "## Stage times", "", stage_times(rep["stage_seconds"], short=False)]
     path = os.path.join(out, "report.md")
     with open(path, "w") as f:
         f.write("\n".join(md) + "\n")

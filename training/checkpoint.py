@@ -8,11 +8,16 @@ shape, bytes). Arrays are named ``param/<name>``, ``buffer/<name>``, ``opt/<slot
 
 Writes are atomic: the file is written to ``<path>.tmp`` in the same folder, flushed and
 ``fsync``-ed, renamed over ``path`` and the folder is ``fsync``-ed, so a kill at any moment
-leaves either the previous checkpoint or the new one, never a torn file. Reading a truncated,
-corrupt or foreign file raises :class:`CheckpointError` saying what is wrong.
+leaves either the previous checkpoint or the new one, never a torn file; a write that fails (a
+full disk) removes the ``.tmp`` and raises :class:`~kiln.frontend.errors.OutputError`. Reading a
+truncated, corrupt or foreign file raises :class:`CheckpointError` saying what is wrong.
+
+:class:`Checkpointer` writes a run's checkpoints one step late, so that the file on disk always
+holds parameters whose next loss passed the divergence checks (the last good checkpoint).
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -21,8 +26,8 @@ import zipfile
 
 import numpy as np
 
-from kiln.frontend.errors import KilnError
-from kiln.frontend.serialize import atomic_write
+from kiln.frontend.errors import KilnError, OutputError
+from kiln.frontend.files import atomic_write
 
 FORMAT = "kiln-checkpoint"
 VERSION = 1
@@ -42,8 +47,6 @@ def _digest(arrays):
     return h.hexdigest()
 
 
-
-
 def save(path, meta: dict, arrays: dict):
     """Write ``meta`` (JSON-able) and ``arrays`` (name -> ndarray) atomically to ``path``."""
     arrays = {k: np.asarray(v) for k, v in arrays.items()}
@@ -54,8 +57,37 @@ def save(path, meta: dict, arrays: dict):
     blob = json.dumps(head, sort_keys=True).encode()
     buf = io.BytesIO()
     np.savez(buf, **{META: np.frombuffer(blob, np.uint8)}, **arrays)
-    atomic_write(path, buf.getvalue())
+    try:
+        atomic_write(path, buf.getvalue())
+    except OutputError as e:
+        raise OutputError(f"{e} (the previous checkpoint, if any, is kept)") from e.__cause__
     return os.fspath(path)
+
+
+class Checkpointer:
+    """A run's checkpoint file, written one step late. ``take(meta, arrays)`` copies the state
+    after step t; ``confirm()`` writes it once step t + 1's loss and gradients have passed the
+    divergence checks, so a diverging step never reaches the disk; ``flush()`` writes a pending
+    state unconfirmed (at the end of a run, or when it is interrupted). ``written_step`` is the
+    step of the last checkpoint written (None: none yet)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.pending = None
+        self.written_step = None
+
+    def take(self, meta, arrays):
+        if self.path:
+            self.pending = (copy.deepcopy(meta), {k: np.array(v, copy=True) for k, v in arrays.items()})
+
+    def confirm(self):
+        if self.pending is not None:
+            meta, arrays = self.pending
+            self.pending = None
+            save(self.path, meta, arrays)
+            self.written_step = meta.get("step")
+
+    flush = confirm
 
 
 def load(path):

@@ -44,6 +44,17 @@ class ArrayDataset:
     def __len__(self):
         return len(self.x)
 
+    def check_finite(self, chunk=4096):
+        """Raise DataError naming the samples whose inputs or float targets hold NaN/Inf."""
+        for what, a in (("inputs", self.x), ("targets", self.y)):
+            if a is None or a.dtype.kind not in "fc" or not len(a):
+                continue
+            bad = [i + int(j) for i in range(0, len(a), chunk)
+                   for j in np.flatnonzero(~np.isfinite(a[i:i + chunk].reshape(min(chunk, len(a) - i), -1)).all(axis=1))]
+            if bad:
+                raise DataError(f"dataset {self.name!r}: the {what} of {len(bad)} of {len(a)} samples hold NaN/Inf "
+                                f"(sample indices {bad[:8]}{' ...' if len(bad) > 8 else ''}): clean or drop them")
+
     def subset(self, idx):
         return ArrayDataset(self.x[idx], None if self.y is None else self.y[idx], self.name, self.num_classes)
 

@@ -13,13 +13,13 @@ DIGITS_RECIPE = TrainConfig(epochs=25, batch_size=32, lr=3e-3, optimizer="adam",
                             label_smoothing=0.1, augment="shift:1", seed=0, threads=1)
 
 
-def train_digits(seed=0, out=None, quiet=True, resume=False, **overrides) -> FitResult:
+def train_digits(seed=0, out=None, quiet=True, resume=False, force=False, **overrides) -> FitResult:
     """Train the ``digits-cnn`` zoo model on the 8x8 digits with the demo recipe. Returns the
     :class:`FitResult`: ``.module`` (trained, eval mode), ``.graph`` (eval graph, input
     [1, 8, 8, 1], ready for quantisation), ``.metrics`` (``test_acc``, ``test_loss``, ``steps``,
-    ``seconds``...)."""
+    ``seconds``...). ``force``: replace a run already in ``out``."""
     manual_seed(seed)
     entry = zoo.get("digits-cnn")
     train, test = digits()
     return fit(entry.module, train, test, input_shape=entry.input_shape, config=DIGITS_RECIPE, out=out,
-               resume=resume, quiet=quiet, model_name="digits-cnn", seed=seed, loss=entry.loss, **overrides)
+               resume=resume, force=force, quiet=quiet, model_name="digits-cnn", seed=seed, loss=entry.loss, **overrides)

@@ -4,9 +4,12 @@ Each optimiser step: the learning rate comes from the schedule; ``accum_steps`` 
 run through the step graph (forward + loss + backward in one graph) and their gradients are
 accumulated with weights n_i / n; BatchNorm buffers take the graph's updates; the global gradient
 norm is measured (and clipped with ``grad_clip``); a non-finite loss or norm stops the run after a
-check-mode re-run names the node; the optimiser updates the parameters in NumPy. At each epoch's
-end the test set is evaluated, a record goes to the history (and the JSON-lines log) and, with an
-output folder, a checkpoint is written (also every ``checkpoint_every`` steps).
+check-mode re-run names the node, and a loss exploding against its running minimum stops it
+naming the first layer whose gradient norm blew up (``divergence_factor``); the optimiser updates
+the parameters in NumPy. At each epoch's end the test set is evaluated, a record goes to the
+history (and the JSON-lines log) and, with an output folder, a checkpoint is taken (also every
+``checkpoint_every`` steps). A checkpoint reaches the disk once the next step has passed the
+divergence checks, so a diverged run leaves its last good checkpoint.
 
 Determinism: everything random comes from two generators spawned from ``seed`` (the data loader's
 shuffling and augmentation; the dropout keys), and the model's initial weights come from
@@ -22,52 +25,22 @@ import time
 
 import numpy as np
 
-from kiln.frontend.errors import KilnError
+from kiln.frontend.errors import KilnError, UsageError
+from kiln.frontend.files import ensure_output_dir
 from kiln.frontend.module import Module
 from kiln.frontend.serialize import save as save_graph
 from kiln.frontend.trace import trace
 from kiln.frontend.types import TensorType
 
 from . import checkpoint as ckpt
+from .config import RESUMABLE_CHANGES, TrainConfig
 from .data import ArrayDataset, DataError, DataLoader, parse_augment
 from .losses import get_loss
-from .monitor import (MetricsLog, Progress, TrainingDiverged, clip_by_global_norm, diagnose, global_norm,
-                      progress_enabled)
+from .monitor import (DivergenceMonitor, MetricsLog, Progress, TrainingDiverged, clip_by_global_norm, diagnose,
+                      global_norm, layer_norms, progress_enabled, squared_norms)
 from .optim import make_optimizer
 from .schedule import Schedule
 from .step import EvalGraph, GraphCache, StepGraph
-
-
-@dataclasses.dataclass
-class TrainConfig:
-    epochs: int = 10
-    batch_size: int = 32
-    lr: float = 1e-3
-    optimizer: str = "adam"          # sgd | adam | adamw
-    momentum: float = 0.9            # SGD only
-    nesterov: bool = False           # SGD only
-    weight_decay: float | None = None  # None: the optimiser's default (0; AdamW 0.01)
-    schedule: str = "constant"       # constant | step | cosine
-    warmup_steps: int = 0
-    step_size: int | None = None     # 'step' schedule period in steps (default: a third of the run)
-    gamma: float = 0.1
-    min_lr: float = 0.0
-    loss: str = "cross_entropy"
-    label_smoothing: float = 0.0
-    grad_clip: float | None = None
-    accum_steps: int = 1
-    augment: str = ""                # e.g. "shift:1,noise:0.05"
-    drop_last: bool = False
-    seed: int = 0
-    checkpoint_every: int | None = None  # optimiser steps; checkpoints are also written at epoch ends
-    max_steps: int | None = None
-    eval_batch_size: int = 512
-    threads: int | None = None       # BLAS threads during the run (None: leave NumPy's default)
-    backend: str = "numpy"           # numpy (reference executor) | tvm (TVM llvm, host) | cuda (TVM CUDA package)
-
-
-# options that may differ between a run and its resumption
-RESUMABLE_CHANGES = ("epochs", "checkpoint_every", "max_steps", "eval_batch_size", "threads", "backend")
 
 
 @dataclasses.dataclass
@@ -121,6 +94,8 @@ class _Run:
         self.history = []
         self.acc = {"loss_sum": 0.0, "correct": 0, "count": 0, "gnorm_sum": 0.0, "gnorm_max": 0.0, "steps": 0}
         self.elapsed = 0.0
+        self.monitor = DivergenceMonitor(cfg.divergence_factor, {k: type(m).__name__ for k, m in model.named_modules()})
+        self.ckpt = ckpt.Checkpointer(None)
 
     def pack(self, model_name):
         ld = self.loader.state_dict()
@@ -131,7 +106,8 @@ class _Run:
                 "optimizer": {"config": osd["config"], "t": osd["t"]}, "schedule": self.sched.config(),
                 "rng": {"loader": ld["rng"], "step": self.step_rng.bit_generator.state},
                 "loader": {"epoch": ld["epoch"], "pos": ld["pos"], "has_perm": ld["perm"] is not None},
-                "acc": self.acc, "history": self.history, "elapsed": self.elapsed}
+                "acc": self.acc, "history": self.history, "elapsed": self.elapsed,
+                "monitor": self.monitor.state_dict()}
         arrays = {f"param/{k}": v for k, v in self.params.items()}
         arrays.update({f"buffer/{k}": v for k, v in self.buffers.items()})
         for slot, d in osd["slots"].items():
@@ -174,38 +150,76 @@ class _Run:
             self.sched = Schedule.from_config(meta["schedule"])
             self.epoch, self.step = int(meta["epoch"]), int(meta["step"])
             self.acc, self.history, self.elapsed = dict(meta["acc"]), list(meta["history"]), float(meta["elapsed"])
+            self.monitor.load_state_dict(meta.get("monitor", {}))     # absent in checkpoints of older Kilns
         except (KeyError, ValueError, TypeError, KilnError) as e:
             raise ckpt.CheckpointError(f"{path}: incomplete or incompatible checkpoint ({type(e).__name__}: {e})") from None
 
 
+# files a run writes in its output folder (report.json is written by `kiln train`)
+RUN_FILES = ("checkpoint.npz", "metrics.jsonl", "model.json", "model.npz", "report.json")
+
+
 def fit(model: Module, train: ArrayDataset, test: ArrayDataset | None = None, *, input_shape=None,
-        config: TrainConfig | None = None, out=None, resume=False, quiet=True, model_name=None,
+        config: TrainConfig | None = None, out=None, resume=False, force=False, quiet=True, model_name=None,
         **overrides) -> FitResult:
     """Train ``model`` on ``train`` (evaluating on ``test`` after every epoch) and return a
     :class:`FitResult`. Options are the fields of :class:`TrainConfig`, given as ``config`` and/or
     keyword overrides. With ``out`` (a folder) it writes ``checkpoint.npz``, ``metrics.jsonl`` and,
     at the end, the trained eval-mode graph ``model.json``/``model.npz`` (``kiln.frontend.load``
-    reads it); ``resume=True`` continues from ``out/checkpoint.npz``."""
+    reads it); ``resume=True`` continues from ``out/checkpoint.npz``. A folder that already holds
+    a run is refused (UsageError) unless ``resume`` or ``force`` (which deletes the old run's files)."""
     cfg = dataclasses.replace(config or TrainConfig(), **overrides)
     if cfg.threads:
         from threadpoolctl import threadpool_limits
         with threadpool_limits(limits=int(cfg.threads), user_api="blas"):
-            return _fit(model, train, test, input_shape, cfg, out, resume, quiet, model_name)
-    return _fit(model, train, test, input_shape, cfg, out, resume, quiet, model_name)
+            return _fit(model, train, test, input_shape, cfg, out, resume, force, quiet, model_name)
+    return _fit(model, train, test, input_shape, cfg, out, resume, force, quiet, model_name)
 
 
-def _fit(model, train, test, input_shape, cfg, out, resume, quiet, model_name):
+def existing_run(out):
+    """The run files already in folder ``out`` (empty when none, or no folder)."""
+    return [f for f in RUN_FILES if out and os.path.exists(os.path.join(out, f))]
+
+
+def _prepare_out(out, resume, force):
+    """Check that ``out`` can be written and may be used; with ``force`` delete an old run there."""
+    if not out:
+        if resume:
+            raise UsageError("resume needs an output folder holding checkpoint.npz (--out)")
+        return
+    if resume and not os.path.isdir(out):
+        return                  # nothing to resume: loading the checkpoint says so
+    ensure_output_dir(out, "training output folder")
+    old = existing_run(out)
+    if resume or not old:
+        return
+    if not force:
+        raise UsageError(f"{out} already holds a training run ({', '.join(old)}): continue it with --resume "
+                         f"(resume=True), replace it with --force (force=True), or choose another --out")
+    for f in old + ["checkpoint.npz.tmp"]:
+        try:
+            os.remove(os.path.join(out, f))
+        except FileNotFoundError:
+            pass
+
+
+def _check_data(train, test, sample, kind, cfg):
+    for ds in (train, test):
+        if ds is None:
+            continue
+        if tuple(ds.x.shape[1:]) != sample:
+            raise DataError(f"dataset {ds.name!r} has samples of shape {ds.x.shape[1:]}, the model takes {sample}")
+        if kind == "labels" and (ds.y is None or ds.y.dtype.kind not in "iu"):
+            raise DataError(f"loss {cfg.loss!r} needs integer class labels; dataset {ds.name!r} has "
+                            f"{'none' if ds.y is None else ds.y.dtype}")
+        ds.check_finite()
+
+
+def _fit(model, train, test, input_shape, cfg, out, resume, force, quiet, model_name):
     model_name = model_name or type(model).__name__
     _, kind = get_loss(cfg.loss)
     sample = tuple(input_shape[1:]) if input_shape else tuple(train.x.shape[1:])
-    for ds in (train, test):
-        if ds is not None and tuple(ds.x.shape[1:]) != sample:
-            raise DataError(f"dataset {ds.name!r} has samples of shape {ds.x.shape[1:]}, the model takes {sample}")
-        if ds is not None and kind == "labels" and (ds.y is None or ds.y.dtype.kind not in "iu"):
-            raise DataError(f"loss {cfg.loss!r} needs integer class labels; dataset {ds.name!r} has "
-                            f"{'none' if ds.y is None else ds.y.dtype}")
-    if cfg.accum_steps < 1:
-        raise KilnError(f"accum_steps must be >= 1, got {cfg.accum_steps}")
+    _check_data(train, test, sample, kind, cfg)
     tshape = None if train.y is None else tuple(train.y.shape[1:])
 
     params = {k: p.data.copy() for k, p in model.named_parameters()}
@@ -220,28 +234,46 @@ def _fit(model, train, test, input_shape, cfg, out, resume, quiet, model_name):
                      total=max(1, total - cfg.warmup_steps), min_lr=cfg.min_lr, warmup=cfg.warmup_steps)
     opt = make_optimizer(cfg.optimizer, params, cfg.lr, cfg.momentum, cfg.nesterov, cfg.weight_decay)
     run = _Run(model, cfg, params, buffers, opt, sched, loader, np.random.default_rng(step_ss))
+    _prepare_out(out, resume, force)        # after every option is checked: a bad one leaves no folder behind
 
     files = {}
     ck_path = os.path.join(out, "checkpoint.npz") if out else None
     log = MetricsLog(os.path.join(out, "metrics.jsonl") if out else None)
     if resume:
-        if not ck_path:
-            raise ckpt.CheckpointError("resume needs an output folder holding checkpoint.npz (--out)")
         meta, arrays = ckpt.load(ck_path)
         run.unpack(meta, arrays, model_name, ck_path)
         log.rewrite(run.history)
     elif out:
         log.rewrite([])
+    run.ckpt = ckpt.Checkpointer(ck_path)
+    run.ckpt.written_step = run.step if resume else None
 
     steps = GraphCache(lambda b: StepGraph(model, cfg.loss, sample, b, tshape, cfg.label_smoothing, dtype,
                                            backend=cfg.backend))
     evals = GraphCache(lambda b: EvalGraph(model, sample, b, loss=cfg.loss, target_shape=tshape, dtype=dtype,
                                            backend=cfg.backend))
+    _train(run, steps, evals, test, kind, log, quiet, model_name)
+    if ck_path:
+        run.ckpt.take(*run.pack(model_name))
+        run.ckpt.flush()
+        files["checkpoint"] = ck_path
+        files["metrics"] = log.path
 
-    def save_ckpt():
-        if ck_path:
-            ckpt.save(ck_path, *run.pack(model_name))
+    model.load_state_dict({**run.params, **run.buffers})
+    model.eval()
+    shape = tuple(input_shape) if input_shape else (1,) + sample
+    graph = trace(model, TensorType(shape, dtype.name), name=model_name.replace("-", "_"))
+    if out:
+        files["graph"] = save_graph(graph, os.path.join(out, "model.json"))
+    metrics = dict(run.history[-1]) if run.history else {}
+    metrics.update(steps=run.step, seconds=round(run.elapsed, 3))
+    return FitResult(model, graph, metrics, run.history, run.step, run.elapsed, files, cfg)
 
+
+def _train(run, steps, evals, test, kind, log, quiet, model_name):
+    """The epochs of a run; checkpoints are taken after every ``checkpoint_every`` steps and at each
+    epoch's end, and written once the following step passed the divergence checks."""
+    cfg, loader = run.cfg, run.loader
     t0 = time.perf_counter() - run.elapsed
     bar = Progress(progress_enabled(quiet), cfg.epochs, run.epoch)
     try:
@@ -262,37 +294,36 @@ def _fit(model, train, test, input_shape, cfg, out, resume, quiet, model_name):
                     _one_step(run, steps, group, bar)
                     run.elapsed = time.perf_counter() - t0
                     if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0:
-                        save_ckpt()
+                        run.ckpt.take(*run.pack(model_name))
             if not ended:
                 break
             rec = _end_epoch(run, test, evals, kind, cfg)
             run.elapsed = time.perf_counter() - t0
             rec["seconds"] = round(run.elapsed, 3)
             run.history.append(rec)
-            save_ckpt()
+            run.ckpt.take(*run.pack(model_name))
             log.append(rec)
             bar.end_epoch(rec)
     except TrainingDiverged as e:
+        e = _with_checkpoint_note(e, run)
         log.append({"event": "diverged", "epoch": run.epoch + 1, "step": run.step + 1, "node": e.node, "op": e.op,
-                    "error": str(e)})
+                    "layer": e.layer, "error": str(e)})
+        raise e from None
+    except KeyboardInterrupt:
+        run.ckpt.flush()            # the state taken last is as good as any: keep it for --resume
         raise
     finally:
         bar.close()
     run.elapsed = time.perf_counter() - t0
-    if ck_path:
-        save_ckpt()
-        files["checkpoint"] = ck_path
-        files["metrics"] = log.path
 
-    model.load_state_dict({**run.params, **run.buffers})
-    model.eval()
-    shape = tuple(input_shape) if input_shape else (1,) + sample
-    graph = trace(model, TensorType(shape, dtype.name), name=model_name.replace("-", "_"))
-    if out:
-        files["graph"] = save_graph(graph, os.path.join(out, "model.json"))
-    metrics = dict(run.history[-1]) if run.history else {}
-    metrics.update(steps=run.step, seconds=round(run.elapsed, 3))
-    return FitResult(model, graph, metrics, run.history, run.step, run.elapsed, files, cfg)
+
+def _with_checkpoint_note(e, run):
+    c = run.ckpt
+    if not c.path:
+        return e
+    note = (f" The last good checkpoint (step {c.written_step}) is kept in {c.path}" if c.written_step is not None
+            else " No checkpoint was written before the divergence")
+    return TrainingDiverged(str(e).rstrip(".") + "." + note + ".", node=e.node, op=e.op, layer=e.layer)
 
 
 def _one_step(run, steps, group, bar):
@@ -301,15 +332,17 @@ def _one_step(run, steps, group, bar):
     run.opt.lr = lr
     n = sum(len(x) for x, _ in group)
     total = None
+    step_loss = 0.0
+    where = f"epoch {run.epoch + 1}, step {run.step + 1}"
     for x, y in group:
         sg = steps[len(x)]
         key = int(run.step_rng.integers(0, 2**62)) if sg.has_dropout else None
         loss, pred, grads, upd = sg(run.params, run.buffers, x, y, key)
-        where = f"epoch {run.epoch + 1}, step {run.step + 1}"
         if not np.isfinite(loss):
-            diagnose(sg, run.params, run.buffers, x, y, key, where)
+            diagnose(sg, run.params, run.buffers, x, y, key, where, run.monitor.blame()[0])
         run.buffers.update(upd)
         w = len(x) / n
+        step_loss += float(loss) * w
         if total is None:
             total = grads if len(group) == 1 else {k: g * np.asarray(w, g.dtype) for k, g in grads.items()}
         else:
@@ -321,10 +354,17 @@ def _one_step(run, steps, group, bar):
         if sg.target_kind == "labels":
             a["correct"] += _classes_correct(pred, y)
         bar.batch(loss)
-    norm = global_norm(total)
+    squares = squared_norms(total)
+    norm = global_norm(total, squares)
     if not np.isfinite(norm):
         x, y = group[-1]
-        diagnose(steps[len(x)], run.params, run.buffers, x, y, key, f"epoch {run.epoch + 1}, step {run.step + 1}")
+        diagnose(steps[len(x)], run.params, run.buffers, x, y, key, where, run.monitor.blame()[0])
+    verdict = run.monitor.observe(run.step + 1, step_loss, layer_norms(squares))
+    if verdict is not None:
+        text, layer = verdict
+        raise TrainingDiverged(f"training diverged at {where}: {text}. Lower the learning rate (--lr), enable "
+                               f"gradient clipping (--grad-clip) or check the data", layer=layer)
+    run.ckpt.confirm()              # the state before this step gave a healthy loss: write its checkpoint
     if cfg.grad_clip:
         total = clip_by_global_norm(total, cfg.grad_clip, norm)
     run.opt.step(total)

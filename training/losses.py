@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from kiln.frontend import functional as F
-from kiln.frontend.errors import ShapeError
+from kiln.frontend.errors import ShapeError, UsageError
 
 
 def _reduce(per_item, reduction, count):
@@ -97,4 +97,4 @@ def get_loss(name):
     try:
         return LOSSES[name]
     except KeyError:
-        raise ValueError(f"unknown loss {name!r}; known: {', '.join(LOSSES)}") from None
+        raise UsageError(f"unknown loss {name!r}; known: {', '.join(LOSSES)}") from None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.frontend.errors import KilnError
+from kiln.frontend.errors import KilnError, UsageError
 
 
 class Optimizer:
@@ -173,7 +173,7 @@ def make_optimizer(name, params, lr, momentum=0.9, nesterov=False, weight_decay=
     """Build an optimiser by CLI name; ``momentum``/``nesterov`` apply to SGD only and
     ``weight_decay=None`` keeps each optimiser's own default (0, or 0.01 for AdamW)."""
     if name not in OPTIMIZERS:
-        raise KilnError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
+        raise UsageError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
     kw = {} if weight_decay is None else {"weight_decay": weight_decay}
     if name == "sgd":
         return SGD(params, lr, momentum=momentum, nesterov=nesterov, **kw)

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import math
 
-from kiln.frontend.errors import KilnError
+from kiln.frontend.errors import KilnError, UsageError
 
 
 class Schedule:
     def __init__(self, kind="constant", base_lr=1e-3, *, step_size=1, gamma=0.1, total=1, min_lr=0.0,
                  warmup=0):
         if kind not in ("constant", "step", "cosine"):
-            raise KilnError(f"unknown schedule {kind!r}; known: constant, step, cosine")
+            raise UsageError(f"unknown schedule {kind!r}; known: constant, step, cosine")
         if step_size < 1 or total < 1 or warmup < 0:
             raise KilnError(f"schedule {kind}: step_size and total must be >= 1 and warmup >= 0, "
                             f"got step_size={step_size}, total={total}, warmup={warmup}")

@@ -18,6 +18,7 @@ import numpy as np
 
 from kiln.autodiff import grad
 from kiln.frontend import executor
+from kiln.frontend.errors import UsageError
 from kiln.frontend.module import Module
 from kiln.frontend.trace import trace
 from kiln.frontend.types import TensorType
@@ -150,9 +151,8 @@ BACKENDS = ("numpy", "tvm", "cuda")
 
 def _check_backend(name):
     if name not in BACKENDS:
-        from kiln.frontend.errors import KilnError
-        raise KilnError(f"unknown training backend {name!r}: use 'numpy' (the reference executor), 'tvm' "
-                        f"(the step graph compiled for the host CPU with TVM's llvm target) or 'cuda'")
+        raise UsageError(f"unknown training backend {name!r}: use 'numpy' (the reference executor), 'tvm' "
+                         f"(the step graph compiled for the host CPU with TVM's llvm target) or 'cuda'")
     if name == "cuda":
         from kiln.backends.cuda_runner import probe
         probe()     # no CuPy / no GPU / too old a GPU: a CudaUnavailable error naming what was found

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from kiln.frontend import module as M
 from kiln.frontend import functional as F
-from kiln.frontend.errors import KilnError
+from kiln.frontend.errors import KilnError, UsageError
 
 
 class ZooModel(NamedTuple):
@@ -159,7 +159,7 @@ def names():
 def get(name) -> ZooModel:
     """A fresh model (initialised from the generator seeded by ``kiln.frontend.manual_seed``)."""
     if name not in _ZOO:
-        raise KilnError(f"unknown zoo model {name!r}; known: {', '.join(_ZOO)} (or pass a path to a .py file)")
+        raise UsageError(f"unknown zoo model {name!r}; known: {', '.join(_ZOO)} (or pass a path to a .py file)")
     return _ZOO[name]()
 
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import os
 
-from kiln.commands import add_optimize_argument
+from kiln.commands import add_optimize_argument, positive_int
+from kiln.frontend.files import ensure_output_dir
 
 
 def add_arguments(p):
@@ -14,12 +15,12 @@ def add_arguments(p):
     p.add_argument("--emulate", action="store_true",
                    help="for a real board: build its QEMU stand-in instead (the emulated machine with the same "
                         "core, the real board's flash and RAM sizes)")
-    p.add_argument("--stack-size", type=int, default=8192)
+    p.add_argument("--stack-size", type=positive_int, default=8192, help="stack bytes (default 8192)")
 
 
 def run(args):
     from kiln import hil
-    out = args.out or os.path.join("build", args.board)
+    out = ensure_output_dir(args.out or os.path.join("build", args.board), "output folder (-o)")
     # a real board's image by default; --emulate: its QEMU stand-in (same core and memory sizes)
     image, pkg_dir = hil.build_for_board(args.model, args.board, out, emulate=args.emulate,
                                          stack_size=args.stack_size, optimize=args.optimize)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kiln.backends.cpus import TARGETS
 from kiln.commands import add_optimize_argument
+from kiln.frontend.files import staged_dir
 
 
 def add_arguments(p):
@@ -14,7 +15,8 @@ def add_arguments(p):
     p.add_argument("--arch", default="sm_90", help="CUDA architecture for --target cuda (default sm_90)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                    help="CUDA compute dtype for --target cuda (half types accumulate in float32)")
-    p.add_argument("-o", "--out", required=True, help="output folder for the C package")
+    p.add_argument("-o", "--out", required=True, help="output folder for the C package (written in full beside it, "
+                   "then moved into place)")
     p.add_argument("--ram-budget", type=int, default=None, help="fail if the arena needs more bytes than this")
     p.add_argument("--no-plot", action="store_true", help="do not draw memory.png")
 
@@ -52,10 +54,11 @@ def _run_cuda(args):
     from kiln.frontend import save
     t0 = time.time()
     graph = hil.load_model(args.model)
-    pkg = cuda.compile(graph, args.out, arch=args.arch, dtype=args.dtype)
-    save(graph, os.path.join(args.out, "graph.json"))
-    with open(os.path.join(args.out, "manifest.json")) as f:
-        m = json.load(f)
+    with staged_dir(args.out, "package folder", last="manifest.json") as tmp:   # all of it or nothing
+        cuda.compile(graph, tmp, arch=args.arch, dtype=args.dtype)
+        save(graph, os.path.join(tmp, "graph.json"))
+        with open(os.path.join(tmp, "manifest.json")) as f:
+            m = json.load(f)
     rep = {"model": graph.name, "target": "cuda", "arch": args.arch, "dtype": args.dtype, "package": args.out,
            "launches": m["launches"], "kernels": len(m["kernels"]), "arena_bytes": m["arena_bytes"],
            "weight_bytes": m["weights_bytes"], "compile_seconds": round(time.time() - t0, 2)}

@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from kiln.report import stage_times
+
 
 def add_arguments(p):
     p.add_argument("--board", default="mps2-an386", help="emulated board to run on (default mps2-an386)")
@@ -47,7 +49,7 @@ class _Stage:
 
 
 def _bar(total, desc, quiet):
-    if quiet:
+    if quiet or not sys.stderr.isatty():       # no progress bars in logs and pipes
         return None
     from tqdm import tqdm
     return tqdm(total=total, desc=desc, file=sys.stderr, unit="img", leave=True, mininterval=0.2)
@@ -70,7 +72,8 @@ def run(args):
     rep = {"board": args.board, "out": out, "seed": args.seed}
 
     with stage("train the digits CNN on the host"):
-        r = train_digits(seed=args.seed, out=os.path.join(out, "train"), quiet=args.quiet or args.json)
+        r = train_digits(seed=args.seed, out=os.path.join(out, "train"), quiet=args.quiet or args.json,
+                         force=True)     # the demo's own folder: each demo replaces the last one's run
         save(r.graph, os.path.join(out, "digits_cnn_float.json"))
     train, test = digits()
     labels = np.asarray(test.y)
@@ -169,7 +172,7 @@ def _table(rep):
         ("stack high-water", f"{mem['stack_used_bytes']:,} B of {mem['stack_size_bytes']:,} B"),
         ("flash (code + weights)", f"{mem['flash_bytes']:,} B (.text {mem['text']:,}, .rodata {mem['rodata']:,})"),
         ("RAM", f"{mem['ram_bytes']:,} B"),
-        ("time", f"{rep['total_seconds']} s " + str(rep["stage_seconds"])),
+        ("time", f"{rep['total_seconds']} s ({stage_times(rep['stage_seconds'])})"),
         ("report", rep["report"]),
     ]
     w = max(len(k) for k, _ in rows)

@@ -81,6 +81,12 @@ def test_ram_overflow_reports_bytes(tmp_path):
     assert err.sizes is not None and err.sizes.arena == 300000
     assert abs((err.sizes.ram_used - err.sizes.ram_total) - over) <= 64
     assert over == pytest.approx(300000 + 8192 + 3000 - (256 << 10), abs=1024)
+    # every part of the RAM is named, and the parts add up to what the image needs
+    m = re.search(r"RAM needed ([\d,]+) B = arena 300,000 B \+ input buffer 640 B \+ output buffer 10 B \+ "
+                  r"stack 8,192 B \+ the firmware's other .data/.bss ([\d,]+) B; the board has 262,144 B", str(err))
+    assert m, str(err)
+    total, other = (int(g.replace(",", "")) for g in m.groups())
+    assert total == err.sizes.ram_used == 300000 + 640 + 10 + 8192 + other and 0 < other < 8192
 
 
 def test_flash_overflow_reports_bytes(tmp_path):

@@ -1,5 +1,6 @@
 """kiln train: zoo models, user model files with .npz data, JSON report, errors."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -22,10 +23,19 @@ def test_train_digits_json(capsys, tmp_path):
     assert (tmp_path / "model.json").exists() and (tmp_path / "report.json").exists()
 
 
-def test_train_text_report_for_the_autoencoder(capsys):
-    rc = main(["train", "--model", "fc-autoencoder", "--max-steps", "2", "--batch-size", "8", "--quiet"])
+def test_train_without_out_keeps_the_model_in_a_new_run_folder(capsys, tmp_path, monkeypatch):
+    """No --out: the run goes to runs/train/MODEL-TIMESTAMP (a new folder each time) and the text
+    report says where the trained model is."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--model", "fc-autoencoder", "--max-steps", "2", "--batch-size", "8", "--quiet"]
+    rc = main(argv)
     text = capsys.readouterr().out
     assert rc == 0 and "kiln train fc-autoencoder on synthetic: 2 steps" in text
+    (run,) = (tmp_path / "runs" / "train").iterdir()
+    assert run.name.startswith("fc-autoencoder-") and (run / "model.json").exists() and (run / "checkpoint.npz").exists()
+    assert f"trained model saved in {os.path.join('runs', 'train', run.name)}" in text
+    assert main(argv) == 0                           # a second run gets its own folder
+    assert len(list((tmp_path / "runs" / "train").iterdir())) == 2
 
 
 def test_user_model_file_with_npz_data(capsys, tmp_path):
@@ -48,5 +58,6 @@ def test_user_model_file_with_npz_data(capsys, tmp_path):
     (["--model", "digits-cnn", "--optimizer", "lbfgs", "--max-steps", "1"], "unknown optimizer"),
 ])
 def test_errors_are_clear(capsys, argv, msg):
+    """Bad arguments are usage errors: exit code 2, one JSON object naming the problem."""
     rc, rep = _json(capsys, ["train", "--json", "--quiet"] + argv)
     assert rc == 2 and not rep["ok"] and msg in rep["error"]

@@ -6,6 +6,7 @@ import torch.nn.functional as TF
 
 from kiln.autodiff import grad
 from kiln.frontend import run, trace
+from kiln.frontend.errors import UsageError
 from kiln.frontend.types import TensorType
 from kiln.training import losses as L
 
@@ -83,5 +84,5 @@ def test_bce_with_logits_matches_torch_and_is_stable():
 def test_labels_must_match_logits():
     with pytest.raises(Exception, match="labels of shape"):
         trace(lambda p, t: L.cross_entropy(p, t), TensorType((4, 3)), TensorType((5,), "int64"))
-    with pytest.raises(ValueError, match="unknown loss"):
+    with pytest.raises(UsageError, match="unknown loss"):
         L.get_loss("hinge")
