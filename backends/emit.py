@@ -48,6 +48,30 @@ def _cfloat(v):
     return s + "f"
 
 
+# the dtype codes of kiln_tensor_info_t (model.h)
+DTYPE_CODES = {"float32": 1, "int8": 2, "uint8": 3, "int16": 4, "int32": 5, "float16": 6, "int64": 7, "bool": 8,
+               "float64": 9, "uint16": 10, "uint32": 11, "bfloat16": 12}
+
+
+def c_string(s):
+    """A C string literal for any Python string (TFLite tensor names hold ':', '/', quotes...)."""
+    out = []
+    for b in str(s).encode("utf-8"):
+        ch = chr(b)
+        out.append(ch if 32 <= b < 127 and ch not in '"\\?' else f"\\{b:03o}")
+    return '"' + "".join(out) + '"'
+
+
+def _tensor_info(t):
+    """One kiln_tensor_info_t initialiser (model.c)."""
+    shape = list(t["shape"]) or [1]
+    dims = ", ".join(str(int(d)) for d in shape)
+    scale = _cfloat(t["scale"]) if t.get("scale") is not None else "0.0f"
+    zp = int(t["zero_point"]) if t.get("zero_point") is not None else 0
+    return (f'{{ {c_string(t["name"])}, {t["bytes"]}u, {t["packed"]}u, {DTYPE_CODES.get(t["dtype"], 0)}u, '
+            f'{len(shape)}u, {{ {dims} }}, {scale}, {zp} }}')
+
+
 def _ptr_cast(dtype, const):
     return f"({'const ' if const else ''}{CTYPES[dtype]} *)"
 
@@ -86,11 +110,14 @@ def render(out_dir, *, model_name, target, kernels, commands, consts, plan, inpu
         "model.h": _ENV.get_template("model.h.j2").render(
             **ctx, inputs=inputs, outputs=outputs, arena_bytes=plan.arena_bytes, strategy=plan.strategy,
             drawing=plan.drawing(width=64).splitlines(), commands=commands,
-            input_bytes=sum(t["bytes"] for t in inputs), output_bytes=sum(t["bytes"] for t in outputs)),
+            input_bytes=sum(t["bytes"] for t in inputs), output_bytes=sum(t["bytes"] for t in outputs),
+            max_rank=max([len(t["shape"]) for t in list(inputs) + list(outputs)] + [1]), dtype_codes=DTYPE_CODES),
         "kiln_cmd.h": _ENV.get_template("kiln_cmd.h.j2").render(max_io=max_io, max_data=max_data,
                                                                 num_kernels=len(kernels)),
         "model.c": _ENV.get_template("model.c.j2").render(**ctx, consts=const_ctx, commands=cmd_ctx,
-                                                          weight_bytes=weight_bytes, inputs=inputs, outputs=outputs),
+                                                          weight_bytes=weight_bytes, inputs=inputs, outputs=outputs,
+                                                          input_info=[_tensor_info(t) for t in inputs],
+                                                          output_info=[_tensor_info(t) for t in outputs]),
         "kernels.c": _ENV.get_template("kernels.c.j2").render(**ctx, kernels=kern_ctx, schedule=schedule),
     }
     for name, text in files.items():
