@@ -9,7 +9,7 @@ import shutil
 import jinja2
 import numpy as np
 
-import kiln
+from kiln.common.version import __version__
 
 HERE = os.path.dirname(__file__)
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(HERE, "templates")),
@@ -80,7 +80,7 @@ def render(out_dir, *, model_name, target, kernels, commands, consts, plan, inpu
            schedule, write_extras=True, optimize="size"):
     os.makedirs(out_dir, exist_ok=True)
     import tvm
-    ctx = dict(version=kiln.__version__, target=target, model=model_name, tvm_version=tvm.__version__,
+    ctx = dict(version=__version__, target=target, model=model_name, tvm_version=tvm.__version__,
                optimize=optimize)
     max_io = max([len(c["offs"]) for c in commands] + [1])
     max_data = max([len(c["data"]) for c in commands] + [1])

@@ -26,7 +26,7 @@ from typing import Callable
 
 import serial
 
-from kiln.errors import KilnError
+from kiln.common.errors import KilnError
 
 from .protocol import (MAX_PAYLOAD, REPLY, Decoder, Fault, Frame, Info, InvokeResult, NakError,
                        StackInfo, T, VERSION, encode)

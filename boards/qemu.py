@@ -22,7 +22,7 @@ import time
 import weakref
 from pathlib import Path
 
-from kiln.errors import KilnError
+from kiln.common.errors import KilnError
 
 from .schema import Board
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln.errors import KilnError
+from kiln.common.errors import KilnError
 
 from .cores import CORES, Core
 

@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kiln.errors import KilnError
+from kiln.common.errors import KilnError
 
 BOOT2_DIR = Path(__file__).resolve().parent / "boot2"
 KINDS = {"rp2040-generic-03h": "rp2040_generic_03h.S"}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import jinja2
 
-from kiln.errors import KilnError
+from kiln.common.errors import KilnError
 from kiln import boards as _boards
 from kiln.boards import Board, Region
 

@@ -20,7 +20,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kiln.errors import KilnError
+from kiln.common.errors import KilnError
 
 _FLASH_ONLY = (".boot2", ".text", ".rodata", ".ARM.exidx")   # .boot2: the RP2040 second stage
 _RAM_ONLY = (".bss", ".stack", ".noinit")

@@ -1,5 +1,5 @@
 """Kiln's error types. Every error says what was expected, what was found and where."""
-from kiln.errors import CheckFailed, KilnError, UsageError  # noqa: F401  (the one root, kiln/errors.py)
+from kiln.common.errors import CheckFailed, KilnError, UsageError  # noqa: F401  (the one root: common/errors.py)
 
 
 class GraphError(KilnError):

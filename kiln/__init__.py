@@ -7,7 +7,7 @@ Public API (see README.md):
     kiln.save(graph, path) / kiln.load(path)
     kiln.nn (Module API and layers), kiln.F (NumPy-like ops; also kiln.exp, kiln.where, ...)
 """
-__version__ = "0.1.0"
+from kiln.common.version import __version__  # noqa: E402,F401
 
 from kiln.frontend import (Graph, KilnError, TensorType, QParams, load, run, save, trace,  # noqa: E402,F401
                            set_limits, limits)

@@ -10,8 +10,8 @@ import json
 import os
 import sys
 
-from . import __version__
-from .errors import CheckFailed, KilnError
+from kiln.common.version import __version__
+from kiln.common.errors import CheckFailed, KilnError
 
 COMMANDS = {
     "demo": "train, quantise, compile and run the digits CNN on an emulated board; write a report",
