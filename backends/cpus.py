@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from kiln.common.cores import CORES
 from kiln.frontend.errors import KilnError
 
 
@@ -27,19 +28,13 @@ class TargetSpec:
         return self.name == "host"
 
 
-_M = ("-mthumb",)
-TARGETS = {t.name: t for t in [
-    TargetSpec("host", dsp=True),
-    TargetSpec("cortex-m0plus", dsp=False, cflags=("-mcpu=cortex-m0plus", *_M, "-mfloat-abi=soft")),
-    TargetSpec("cortex-m3", dsp=False, cflags=("-mcpu=cortex-m3", *_M, "-mfloat-abi=soft")),
-    TargetSpec("cortex-m4", dsp=True, cflags=("-mcpu=cortex-m4", *_M, "-mfpu=fpv4-sp-d16", "-mfloat-abi=hard"),
-               float_hw=True),
-    TargetSpec("cortex-m7", dsp=True, cflags=("-mcpu=cortex-m7", *_M, "-mfpu=fpv5-d16", "-mfloat-abi=hard"),
-               float_hw=True),
-    TargetSpec("cortex-m33", dsp=True, cflags=("-mcpu=cortex-m33", *_M, "-mfpu=fpv5-sp-d16", "-mfloat-abi=hard"),
-               float_hw=True),
-    TargetSpec("cortex-m55", dsp=True, cflags=("-mcpu=cortex-m55", *_M, "-mfloat-abi=hard"), float_hw=True),
-]}
+def _core_target(core) -> TargetSpec:
+    """A bare core's compile target, from the one core table (kiln.common.cores): its DSP
+    extension and the FPU a package for it assumes (a board's firmware build uses its own FPU)."""
+    return TargetSpec(core.name, dsp=core.dsp, cflags=tuple(core.cflags()), float_hw=core.default_fpu != "none")
+
+
+TARGETS = {"host": TargetSpec("host", dsp=True), **{name: _core_target(c) for name, c in CORES.items()}}
 
 
 def get(name, optimize=None) -> TargetSpec:

@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .schema import Board, BoardError, FlashMethod, Qemu, Region, RegWrite, Uart, validate
-from .cores import CORES, Core
+from kiln.common.cores import CORES, Core
 
 BOARD_DIR = Path(__file__).resolve().parent
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from kiln.common.errors import KilnError
 
-from .cores import CORES, Core
+from kiln.common.cores import CORES, Core
 
 UART_KINDS = ("cmsdk", "stm32-usart", "nrf-uarte", "rp2040-pl011")
 FPU_KINDS = ("none", "sp", "dp")
