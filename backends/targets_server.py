@@ -17,18 +17,17 @@ import tempfile
 
 import numpy as np
 
+from kiln.frontend import load_model
 from kiln.frontend.errors import KilnError
 from kiln.targets import Target, register_target
 
 
 def _load_graph(path):
-    from kiln.frontend.serialize import load
-    if os.path.isdir(path):
-        raise KilnError(f"{path} is a folder; the host-llvm target takes a Kiln graph .json")
-    if not str(path).endswith(".json"):
-        raise KilnError(f"{path}: the server targets take a float Kiln graph .json (convert .tflite int8 models "
-                        f"with the C backend instead)")
-    return load(path)
+    g = load_model(path)
+    if any(t.quant is not None for t in g.types.values()):
+        raise KilnError(f"{path}: a quantised model; the server targets run float models (int8 models run on "
+                        f"the C backend: --target host or a board)")
+    return g
 
 
 def _single_input(graph, where):

@@ -13,20 +13,9 @@ import time
 
 import numpy as np
 
+from kiln.frontend import load_model
 from kiln.frontend.errors import KilnError
 from kiln.frontend.files import staged_dir
-
-
-def load_model(path):
-    """A Kiln Graph from a .tflite or a Kiln graph .json."""
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise KilnError(f"model file {path} not found")
-    if path.endswith(".tflite"):
-        from kiln.frontend.tflite_import import load_tflite
-        return load_tflite(path)
-    from kiln.frontend import load
-    return load(path)
 
 
 def is_package(path):
@@ -40,8 +29,7 @@ def compile_model(model, target, out_dir, ram_budget=None, plot=True, optimize="
     package and these files appear together or not at all (a staged folder moved into place)."""
     from kiln import backends
     from kiln.frontend import save
-    from kiln.frontend.files import staged_dir
-    graph = load_model(model) if isinstance(model, (str, os.PathLike)) else model
+    graph = load_model(model)
     with staged_dir(out_dir, "package folder", last="manifest.json") as tmp:
         pkg = backends.compile(graph, target=target, out_dir=tmp, ram_budget=ram_budget, plot=plot,
                                optimize=optimize, ram_reserved=ram_reserved)
@@ -103,7 +91,7 @@ def build_for_board(model, board, out_dir, *, emulate=None, ram_budget=None, sta
                             f"recompile with --target {b.core}")
     else:
         pkg_dir = os.path.join(out_dir, "package")
-        graph = load_model(model) if isinstance(model, (str, os.PathLike)) else model
+        graph = load_model(model)
         io = {"input buffer": sum(graph.types[v].nbytes for v in graph.inputs),
               "output buffer": sum(graph.types[v].nbytes for v in graph.outputs), "stack": stack_size}
         compile_model(graph, b.core, pkg_dir, ram_budget=ram_budget or b.ram_region.size, optimize=optimize,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kiln.backends.cpus import TARGETS
 from kiln.commands import add_optimize_argument
+from kiln.frontend import load_model
 from kiln.frontend.files import staged_dir
 
 
@@ -49,11 +50,10 @@ def _run_cuda(args):
     import json
     import os
     import time
-    from kiln import hil
     from kiln.backends import cuda
     from kiln.frontend import save
     t0 = time.time()
-    graph = hil.load_model(args.model)
+    graph = load_model(args.model)
     with staged_dir(args.out, "package folder", last="manifest.json") as tmp:   # all of it or nothing
         cuda.compile(graph, tmp, arch=args.arch, dtype=args.dtype)
         save(graph, os.path.join(tmp, "graph.json"))

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from kiln.frontend import load_model
 from kiln.frontend.errors import KilnError
 
 ORACLES = ("auto", "litert", "reference")
@@ -28,7 +29,6 @@ def add_arguments(p):
 
 def golden(model, out, samples, oracle="auto"):
     """Write golden pairs for ``samples`` (tuples of input arrays) to ``out``; returns the oracle used."""
-    from kiln import hil
     from kiln.samples import golden_arrays
     from kiln.quantize.targets import run_reference
     is_tflite = os.fspath(model).endswith(".tflite")
@@ -40,7 +40,7 @@ def golden(model, out, samples, oracle="auto"):
         from kiln.litert import run_litert
         outs = run_litert(model, samples)
     else:
-        outs = run_reference(hil.load_model(model), samples)
+        outs = run_reference(load_model(model), samples)
     d = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(d):
         raise KilnError(f"-o {out}: folder {d} does not exist")
@@ -51,11 +51,10 @@ def golden(model, out, samples, oracle="auto"):
 
 
 def run(args):
-    from kiln import hil
     from kiln.samples import load_samples, random_inputs
     if args.inputs < 1:
         raise KilnError(f"--inputs must be at least 1, got {args.inputs}")
-    g = hil.load_model(args.model)
+    g = load_model(args.model)
     if args.data:
         samples = load_samples(args.data, g, limit=args.limit).inputs
         if not samples:

@@ -89,7 +89,7 @@ def _text(s, tensors):
 
 
 def run(args):
-    from kiln.quantize.targets import load_model
+    from kiln.frontend import load_model
     g = load_model(args.model)
     if g is None:
         raise KilnError(f"{args.model}: could not load")

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from kiln.frontend import load_model
 from kiln.frontend.errors import KilnError
 
 
@@ -168,8 +169,7 @@ def evaluate(g, q, arrays, targets):
 
 # ---- the command --------------------------------------------------------------------------------
 def _load_float(path):
-    from kiln import hil
-    g = hil.load_model(path)
+    g = load_model(path)
     if any(g.types[v].quant is not None for v in list(g.inputs) + [n.name for n in g.nodes]):
         raise KilnError(f"{path} is already quantised; kiln quantize takes a float model")
     return g

@@ -14,6 +14,7 @@ import tempfile
 import numpy as np
 
 from kiln.commands import add_optimize_argument
+from kiln.frontend import load_model
 from kiln.frontend.errors import KilnError
 
 # float outputs of a board vs the NumPy reference: same float32 operations in a different order
@@ -130,8 +131,7 @@ def _float_model(graph, args):
         if args.float_model:
             raise KilnError(f"--float-model {path} not found")
         return None
-    from kiln import hil
-    return hil.load_model(path)
+    return load_model(path)
 
 
 def _data_report(graph, pkg_dir, samples, board_outs, ref_outs, args):
@@ -283,7 +283,7 @@ def _run_cuda(args):
     from kiln import hil
     from kiln.backends import cuda_runner
     from kiln.quantize.targets import run_reference
-    graph = hil.package_graph(args.model) if hil.is_package(args.model) else hil.load_model(args.model)
+    graph = hil.package_graph(args.model) if hil.is_package(args.model) else load_model(args.model)
     samples = _samples(graph, args)
     outs = cuda_runner.run_package(args.model, [s[0] for s in samples.inputs], capture=True)
     ref = run_reference(graph, samples.inputs)
