@@ -21,7 +21,10 @@ class TargetSpec:
     cflags: tuple = ()            # arm-none-eabi-gcc flags ("" for host)
     float_hw: bool = False
     optimize: str = "size"        # "size" | "speed": weight storage, schedules.weight_bits
-    kernels: bool = True          # Kiln's kernels (kiln_intrinsics.h) where they apply
+    kernels: bool = True          # Kiln's kernels (kiln_intrinsics.h) where they apply; False: TVM's
+                                  # default schedules everywhere (the fallback, kept covered by tests)
+    softmax_helper: bool = True   # int8 softmax of a kernel argument as one kiln_softmax_s8 call; False:
+                                  # TVM's per-row stages (the path of a softmax fused behind another op)
 
     @property
     def is_host(self):

@@ -76,11 +76,6 @@ def softmax_exp_table(mult, left, diff_min):
     return lo, np.asarray(tab, np.int32)
 
 
-# int8 softmax whose input is a kernel argument: one kiln_softmax_s8 call (False: always the TVM
-# per-row stages below, the path a softmax fused behind another op takes; tests cover both)
-SOFTMAX_HELPER = True
-
-
 def _softmax_int8(k, node, x, tx, ty):
     if ty.quant is None or abs(ty.quant.scale[0] - 1 / 256) > 0.001 / 256 or ty.quant.zero_point[0] != -128:
         k.fail(f"int8 softmax needs output scale 1/256 and zero point -128 (TFLite), got {ty}")
@@ -102,7 +97,7 @@ def _softmax_int8(k, node, x, tx, ty):
     texp = k.const("exp", tab_e)
     D = tx.shape[-1]
     lead = tx.shape[:-1]
-    if SOFTMAX_HELPER and isinstance(x.op, te.PlaceholderOp):
+    if k.target.softmax_helper and isinstance(x.op, te.PlaceholderOp):
         # one call of kiln_softmax_s8 (kiln_intrinsics.h): the same arithmetic as the stages
         # below in ~250 B of code instead of ~950 B (CLZ instruction, no inline int64 chains)
         return _softmax_int8_extern(k, x, texp, tab_lo, int(np.prod(lead)) if lead else 1, D, ty)

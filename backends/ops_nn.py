@@ -46,7 +46,7 @@ def requant_epilogue(k, node, acc, out_type, channels, axis_index, act, bound=No
     mult, shift = qmath.linear_requant(k.type(node.inputs[0]), k.type(node.inputs[1]), out_type, channels)
     zy = _zp(out_type)
     lo, hi = qmath.activation_range(act, _scale(out_type), zy)
-    if k.target.kernels and schedules.ENABLED and schedules.requant_bound_ok(bound, mult, shift, zy):
+    if k.target.kernels and schedules.requant_bound_ok(bound, mult, shift, zy):
         e = (-np.asarray(shift, np.int64))
         halfz = (np.left_shift(np.int64(1), e - 1) + np.int64(zy) * np.left_shift(np.int64(1), e)).astype(np.int32)
         if len(set(mult.tolist())) == 1 and len(set(shift.tolist())) == 1:
@@ -153,11 +153,11 @@ def lower_conv2d(k, node, xs):
     dsp = q and k.target.kernels   # Kiln kernels (DSP or portable C)
     bias = xs[2] if len(xs) == 3 else None
     bound = None
-    if depthwise and dsp and Og == 1 and schedules.ENABLED:
+    if depthwise and dsp and Og == 1:
         y = _depthwise_dsp(k, node, x, G, zx, tx, tw, ty)
         if y is not None:
             return y
-    if dsp and g == 1 and not depthwise and schedules.ENABLED:
+    if dsp and g == 1 and not depthwise:
         y = _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty)
         if y is not None:
             return y
@@ -166,9 +166,9 @@ def lower_conv2d(k, node, xs):
         acc = te.compute((G["N"], G["oh"], G["ow"], O),
                          lambda n, oh, ow, o: te.sum(term(xp[n, oh * sh + kh * dh, ow * sw + kw * dw, o // M],
                                                           w[o, kh, kw, 0]), axis=[kh, kw]), name="acc")
-        if schedules.ENABLED:
+        if k.target.kernels:
             k.schedule(schedules.depthwise_schedule)
-    elif dsp and g == 1 and schedules.ENABLED and k.value(node.inputs[1]) is not None:
+    elif dsp and g == 1 and k.value(node.inputs[1]) is not None:
         bvals = k.value(node.inputs[2]) if len(node.inputs) >= 3 else np.zeros(O, np.int64)
         if bvals is not None:
             bound = schedules.acc_bound(np.asarray(k.value(node.inputs[1])).reshape(O, -1), bvals, zx)
@@ -277,7 +277,7 @@ def lower_dense(k, node, xs):
         if len(set(zws)) != 1:
             k.fail("int8 dense needs one weight zero point")
         zw = zws[0]
-        if k.target.kernels and zw == 0 and schedules.ENABLED and k.value(node.inputs[1]) is not None:
+        if k.target.kernels and zw == 0 and k.value(node.inputs[1]) is not None:
             # the tensorized dot product against packed weights (the zero point folded into the bias)
             acc, folded, zx_k = schedules.dense_dot_compute(k, node, x, lead, N, K, zx)
             bias = folded if folded is not None else bias

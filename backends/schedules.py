@@ -9,7 +9,7 @@ reduction) loops with a tensor intrinsic whose implementation calls ``kiln_dot{4
 ``pack_w16``, two MACs per instruction, with a portable C version for host builds). The input
 zero point is folded into the bias at compile time (``fold_zero_point``).
 On Cortex-M0+/M3 (no DSP extension) the same helpers compile to their portable C versions
-(``cpus.TargetSpec.kernels``); ``ENABLED = False`` falls back to the default schedule of
+(``cpus.TargetSpec.kernels``); a target with ``kernels=False`` gets the default schedules of
 ``lower.py`` everywhere (tests use it to keep that path covered).
 """
 from __future__ import annotations
@@ -20,7 +20,6 @@ from tvm.script import tirx as T
 
 from .qmath import c
 
-ENABLED = True
 _REGISTERED = set()
 
 

@@ -1,6 +1,7 @@
 """C backend: every schedule bit-exact with the int8 reference, float within 1e-5 of NumPy, the
 shared models' goldens, warning-free cross compiles, named errors. Packages are compiled once
 per module (TVM + gcc are the slow part) and run on the host through ctypes."""
+import dataclasses
 import os
 import re
 
@@ -9,6 +10,7 @@ import pytest
 
 import kiln.quantize  # noqa: F401  (int8 references, quantize/dequantize ops)
 from kiln.backends import compile as compile_pkg
+from kiln.backends import cpus
 from kiln.backends.cpus import TARGETS
 from kiln.backends.lower import LoweringError
 from kiln.backends.pipeline import BudgetError
@@ -104,12 +106,11 @@ def int8_graph():
 # Kiln kernels (portable C) for the host and the M3; "plain": TVM's default schedules, the
 # fallback for what the kernels do not cover
 @pytest.mark.parametrize("target", ["host", "cortex-m3", "plain"])
-def test_int8_ops_bit_exact(int8_graph, target, tmp_path_factory, monkeypatch):
+def test_int8_ops_bit_exact(int8_graph, target, tmp_path_factory):
     if target == "plain":
-        from kiln.backends import schedules
-        monkeypatch.setattr(schedules, "ENABLED", False)
-        target = "cortex-m3"
-    pkg = compile_pkg(int8_graph, target=target, out_dir=tmp_path_factory.mktemp(target), plot=False,
+        target = dataclasses.replace(cpus.get("cortex-m3"), kernels=False)
+    pkg = compile_pkg(int8_graph, target=target, out_dir=tmp_path_factory.mktemp(getattr(target, "name", target)),
+                      plot=False,
                       measure_size=False)
     for trial in range(3):
         x = i8((1, 7, 6, 8))
@@ -222,12 +223,10 @@ def test_shared_model_goldens_bit_exact(shared_models, model, tmp_path):
 
 
 @pytest.mark.parametrize("plain", [False, True])
-def test_m0plus_on_kws_bit_exact(shared_models, tmp_path, monkeypatch, plain):
+def test_m0plus_on_kws_bit_exact(shared_models, tmp_path, plain):
     """Cortex-M0+: Kiln's kernels in portable C, and TVM's default schedules (the fallback)."""
-    if plain:
-        from kiln.backends import schedules
-        monkeypatch.setattr(schedules, "ENABLED", False)
-    pkg = compile_pkg(os.path.join(shared_models, "kws_ref_model.tflite"), target="cortex-m0plus",
+    target = dataclasses.replace(cpus.get("cortex-m0plus"), kernels=not plain)
+    pkg = compile_pkg(os.path.join(shared_models, "kws_ref_model.tflite"), target=target,
                       out_dir=tmp_path, plot=False, measure_size=False)
     src = (tmp_path / "kernels.c").read_text()
     assert ("kiln_conv_s8(" in src) != plain

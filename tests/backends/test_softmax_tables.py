@@ -1,6 +1,7 @@
 """int8 softmax in the C backend: one trimmed exp table (no 'expsum' table), bit-exact with the
 int8 reference over many random rows and input scales (diff_min below, at and above -255; the
 table starts at the first difference whose sum term is non-zero)."""
+import dataclasses
 import os
 import re
 
@@ -9,6 +10,7 @@ import pytest
 
 import kiln.quantize  # noqa: F401  (int8 references)
 from kiln.backends import compile as compile_pkg
+from kiln.backends import cpus
 from kiln.backends.ops_misc import softmax_exp_table
 from kiln.frontend import Graph, QParams, TensorType
 from kiln.quantize import fixedpoint as fp
@@ -69,12 +71,7 @@ def rows(shape):
 @pytest.fixture(scope="module", params=[True, False], ids=["kiln_softmax_s8", "tvm-stages"])
 def softmax_pkg(tmp_path_factory, request):
     """The C helper, and TVM's per-row stages (the path of a softmax fused behind another op)."""
-    from kiln.backends import ops_misc
-    old, ops_misc.SOFTMAX_HELPER = ops_misc.SOFTMAX_HELPER, request.param
-    try:
-        yield _softmax_pkg(tmp_path_factory, request.param)
-    finally:
-        ops_misc.SOFTMAX_HELPER = old
+    return _softmax_pkg(tmp_path_factory, request.param)
 
 
 def _softmax_pkg(tmp_path_factory, helper):
@@ -85,7 +82,8 @@ def _softmax_pkg(tmp_path_factory, helper):
                    out_type=TensorType(shape, "int8", q(1 / 256, -128)))
     g.outputs = [f"sm{k}" for k in range(len(CASES))]
     out = tmp_path_factory.mktemp("softmax_tables")
-    pkg = compile_pkg(g, target="host", out_dir=out, plot=False, measure_size=False)
+    target = dataclasses.replace(cpus.get("host"), softmax_helper=helper)
+    pkg = compile_pkg(g, target=target, out_dir=out, plot=False, measure_size=False)
     assert ("kiln_softmax_s8(" in (out / "kernels.c").read_text()) == helper
     return g, pkg, out
 
