@@ -12,13 +12,13 @@ import dataclasses
 import hashlib
 
 import numpy as np
-import tvm
 from tvm import s_tir, te
 
 from kiln.frontend.errors import KilnError
 from kiln.frontend.registry import deflower, get_op
 
 from . import tirc
+from .emit import c_ident
 
 BACKEND = "c"
 
@@ -100,7 +100,7 @@ class KernelBuilder:
         array = np.ascontiguousarray(np.asarray(array, dtype=dtype))
         name = f"{self.node.name}_{tag}"
         self.extra_consts[name] = array
-        t = te.placeholder(array.shape or (1,), str(array.dtype), name=_cname(tag))
+        t = te.placeholder(array.shape or (1,), str(array.dtype), name=c_ident(tag))
         self.placeholders[t] = Arg("const", name, str(array.dtype), array.nbytes)
         return t
 
@@ -128,15 +128,10 @@ class KernelBuilder:
         kind = "const" if value in self.consts else "value"
         if t.dtype in ("bfloat16", "float16", "float64", "bool", "int64"):
             self.fail(f"dtype {t.dtype} of {value!r} is not supported by the C backend")
-        ph = te.placeholder(t.shape or (1,), t.dtype, name=_cname(value))
+        ph = te.placeholder(t.shape or (1,), t.dtype, name=c_ident(value))
         self.placeholders[ph] = Arg(kind, value, t.dtype, t.nbytes)
         self._by_value[value] = ph
         return ph
-
-
-def _cname(s):
-    out = "".join(ch if ch.isalnum() else "_" for ch in str(s))
-    return out if out and not out[0].isdigit() else "v" + out
 
 
 def _used_placeholders(out):

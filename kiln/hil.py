@@ -57,13 +57,6 @@ def package_graph(pkg_dir):
     return load(p)
 
 
-def board_target(board):
-    """The compiler target (cortex-mX) for a board."""
-    from kiln import boards
-    b = boards.load(board) if isinstance(board, str) else board
-    return b.core
-
-
 def emulate_by_default(board, port=None, lab_map=None):
     """Whether a run on ``board`` uses the QEMU stand-in: a real board with no port given and no
     lab-map entry for it runs its stand-in image (same core and memory sizes) under QEMU; with a

@@ -1,5 +1,4 @@
 """Helpers shared by the op definitions."""
-import numpy as np
 
 from ..errors import ShapeError
 from ..types import TensorType, broadcast_shapes
@@ -64,21 +63,9 @@ def conv_out_and_pads(size, k, stride, dilation, padding, which):
     return out, lo, hi
 
 
-def unbroadcast_axes(shape, target):
-    """Axes to sum (and whether to keep dims) to reduce a broadcast ``shape`` back to ``target``."""
-    nlead = len(shape) - len(target)
-    lead = tuple(range(nlead))
-    keep = tuple(nlead + i for i, s in enumerate(target) if s == 1 and shape[nlead + i] != 1)
-    return lead, keep
-
-
 def tt(shape, dtype, quant=None):
     return TensorType(tuple(shape), dtype, quant)
 
 
 def bshape(ts, opname):
     return broadcast_shapes(*[t.shape for t in ts], where=f" in {opname}")
-
-
-def f64(x):
-    return np.asarray(x)
