@@ -82,6 +82,7 @@ def abs(x):
 
 
 def square(x):
+    """x * x."""
     return x * x
 
 
@@ -93,6 +94,7 @@ def _axes(axis):
 
 
 def reduce(op, x, axis=None, keepdims=False):
+    """Emit reduction op ``op`` (sum, mean, max) over ``axis`` (an int, a list, or None: all)."""
     return emit(op, [x], axes=_axes(axis), keepdims=bool(keepdims))
 
 
@@ -133,6 +135,7 @@ def transpose(x, perm=None):
 
 
 def swap_last(x):
+    """Transpose the last two axes."""
     perm = list(range(x.ndim))
     perm[-1], perm[-2] = perm[-2], perm[-1]
     return transpose(x, perm)

@@ -92,6 +92,9 @@ def _children(obj, prefix):
 
 
 class Module:
+    """Base class of every layer and model: subclass it, set layers and Parameters as attributes in
+    ``__init__`` (lists, tuples and dicts of them count too) and define ``forward``; ``module(x)``
+    calls ``forward(x)``, and ``kiln.trace(module, *example_inputs)`` turns it into a Graph."""
     training = True
 
     def __call__(self, *args, **kw):
@@ -118,6 +121,7 @@ class Module:
                 yield from v.named_modules(f"{prefix}.{name}" if prefix else name, memo)
 
     def modules(self):
+        """Every module in the tree, this one first."""
         return [m for _, m in self.named_modules()]
 
     def _named_tensors(self, kind):
@@ -129,20 +133,27 @@ class Module:
                     yield (f"{mname}.{name}" if mname else name), v
 
     def named_parameters(self):
+        """(dotted name, Parameter) pairs (``features.0.weight``): the names the parameters have in
+        a traced Graph."""
         return list(self._named_tensors(Parameter))
 
     def parameters(self):
+        """Every Parameter, each once."""
         return [p for _, p in self.named_parameters()]
 
     def named_buffers(self):
+        """(dotted name, Buffer) pairs (e.g. BatchNorm running statistics)."""
         return list(self._named_tensors(Buffer))
 
     def train(self, mode=True):
+        """Set training mode (Dropout active, BatchNorm on batch statistics) on every module;
+        returns self."""
         for m in self.modules():
             m.training = mode
         return self
 
     def eval(self):
+        """Set evaluation mode on every module (``train(False)``); returns self."""
         return self.train(False)
 
     def to(self, dtype):
@@ -154,12 +165,16 @@ class Module:
         return self
 
     def state_dict(self):
+        """{dotted name: copy of the array} of every parameter and buffer."""
         d = OrderedDict()
         for k, p in self.named_parameters() + self.named_buffers():
             d[k] = p.data.copy()
         return d
 
     def load_state_dict(self, state, strict=True):
+        """Copy arrays from ``state`` into the parameters and buffers of the same names. A key
+        of the wrong shape always raises KilnError; missing or unexpected keys raise it when
+        ``strict``. Returns {"missing": [...], "unexpected": [...]}."""
         own = dict(self.named_parameters() + self.named_buffers())
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
@@ -187,6 +202,7 @@ class Module:
         return f"{type(self).__name__}(\n{body}\n)"
 
     def extra_repr(self):
+        """What ``repr`` shows inside the parentheses of a leaf module (override it)."""
         return ""
 
 
@@ -195,6 +211,9 @@ def _uniform(shape, bound):
 
 
 class Linear(Module):
+    """Fully connected layer ``x @ weight.T + bias`` on the last axis; weight is [out, in];
+    ``activation``: none, relu or relu6 (fused)."""
+
     def __init__(self, in_features, out_features, bias=True, activation="none"):
         bound = 1.0 / math.sqrt(in_features)
         self.weight = Parameter(_uniform((out_features, in_features), bound))
@@ -275,11 +294,15 @@ class BatchNorm2d(Module):
 
 
 class ReLU(Module):
+    """max(x, 0)."""
+
     def forward(self, x):
         return F.relu(x)
 
 
 class ReLU6(Module):
+    """min(max(x, 0), 6)."""
+
     def forward(self, x):
         return F.relu6(x)
 
@@ -309,6 +332,9 @@ def dropout_key(graph):
 
 
 class AvgPool2d(Module):
+    """NHWC average pooling (stride defaults to kernel_size; padding excluded from the count, as
+    TFLite)."""
+
     def __init__(self, kernel_size, stride=None, padding="valid"):
         self.k, self.s, self.p = kernel_size, stride, padding
 
@@ -317,6 +343,8 @@ class AvgPool2d(Module):
 
 
 class MaxPool2d(Module):
+    """NHWC max pooling (stride defaults to kernel_size)."""
+
     def __init__(self, kernel_size, stride=None, padding="valid"):
         self.k, self.s, self.p = kernel_size, stride, padding
 
@@ -332,11 +360,15 @@ class GlobalAvgPool(Module):
 
 
 class Flatten(Module):
+    """[N, ...] -> [N, everything else]."""
+
     def forward(self, x):
         return F.reshape(x, (x.shape[0], -1))
 
 
 class Sequential(Module):
+    """Layers applied in order; ``seq[i]`` is the i-th layer, parameters are named ``i.name``."""
+
     def __init__(self, *layers):
         self.layers = list(layers)
 

@@ -211,6 +211,7 @@ def as_tensor(x, like: Tensor | None = None, graph: Graph | None = None) -> Tens
 
 
 def constant(value, graph: Graph | None = None, name=None) -> Tensor:
+    """A constant (a NumPy array or number, kept with the graph) in the graph being traced."""
     g = graph or current_graph()
     return Tensor(g, g.add_const(name or g.fresh("const"), np.asarray(value)))
 
