@@ -1,12 +1,13 @@
 """Quantisation benchmark: int8 accuracy of the digits CNN (PTQ methods, per-tensor, QAT) against
 float, bit-exactness of exported models in LiteRT, and the int8 reference on the shared models.
 
-Writes the "## Quantisation" section of docs/benchmarks.md (other sections are left alone).
+Prints the "## Quantisation" section of docs/benchmarks.md (or --json); --write replaces it there
+(other sections are left alone). The shared-model rows need --shared DIR (or $KILN_SHARED).
 
-    .venv/bin/python benchmarks/quant_bench.py                 # seeds 0,1,2; updates docs/benchmarks.md
-    .venv/bin/python benchmarks/quant_bench.py --seeds 0 --no-write --json
+    .venv/bin/python benchmarks/quant_bench.py --shared DIR --write   # seeds 0,1,2; updates docs/benchmarks.md
+    .venv/bin/python benchmarks/quant_bench.py --seeds 0 --json
 
-Targets (issue 4): int8 within 1.0 pp of float with PTQ, within 0.3 pp with QAT.
+Targets: int8 within 1.0 pp of float with PTQ, within 0.3 pp with QAT.
 """
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.environ.get("KILN_SHARED", os.path.join(os.path.dirname(ROOT), "shared"))
+from kiln.docs_util import add_shared_argument, add_write_argument, script_main, shared_models, write_path, write_section
+from kiln.errors import UsageError
+
 PTQ_TARGET_PP, QAT_TARGET_PP = 1.0, 0.3
 
 
@@ -74,17 +77,15 @@ def digits_rows(seed, qat_epochs):
     return rows, train_s, len(test.x)
 
 
-def shared_rows():
+def shared_rows(paths):
     from kiln.commands.inspect import summarize
     from kiln.frontend import run
     from kiln.frontend.tflite_import import load_tflite
     rows = []
-    for m in ("kws_ref_model", "pretrainedResnet_quant"):
-        path = os.path.join(SHARED, "models", m + ".tflite")
-        if not os.path.exists(path):
-            continue
+    for path in paths:
+        m = os.path.basename(path)[:-len(".tflite")]
         g = load_tflite(path)
-        z = np.load(os.path.join(SHARED, "models", m + ".golden.npz"))
+        z = np.load(path[:-len(".tflite")] + ".golden.npz")
         ok = 0
         t = time.perf_counter()
         for k in range(8):
@@ -128,24 +129,32 @@ def markdown(digits, shared, meta):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--qat-epochs", type=int, default=3)
-    p.add_argument("--markdown", default=os.path.join(ROOT, "docs", "benchmarks.md"))
-    p.add_argument("--no-write", action="store_true")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds of the digits CNN (default: 0,1,2)")
+    p.add_argument("--qat-epochs", type=int, default=3, help="QAT fine-tuning epochs (default: 3)")
+    add_shared_argument(p)
+    add_write_argument(p, "## Quantisation")
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     a = p.parse_args(argv)
+    md_path = write_path(a.write)
+    names = ["kws_ref_model.tflite", "pretrainedResnet_quant.tflite"]
+    if a.shared or os.environ.get("KILN_SHARED"):
+        paths = shared_models(a.shared, names)
+    else:
+        if md_path:
+            raise UsageError("--write needs the shared-model rows too: pass --shared DIR (or set KILN_SHARED)")
+        paths = []
+        print("quant_bench: no --shared DIR (or KILN_SHARED): skipping the shared-model rows", file=sys.stderr)
     digits, train_s, ntest = [], [], 0
     for s in (int(v) for v in a.seeds.split(",")):
         rows, ts, ntest = digits_rows(s, a.qat_epochs)
         digits += rows
         train_s.append(ts)
-    shared = shared_rows()
+    shared = shared_rows(paths)
     meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
             "date": time.strftime("%Y-%m-%d"), "test": ntest, "train_seconds": train_s}
     text = markdown(digits, shared, meta)
-    if not a.no_write:
-        from kiln.docs_util import write_section
-        write_section(a.markdown, text)
+    if md_path:
+        write_section(md_path, text)
     if a.json:
         print(json.dumps({"digits": digits, "shared": shared, "meta": meta}))
     else:
@@ -156,4 +165,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script_main(main))

@@ -21,7 +21,8 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from kiln.docs_util import add_write_argument, script_main, write_path, write_section
+
 SECTION = "## Training (host)"
 
 
@@ -298,13 +299,14 @@ def render(digits, steps, args, cmd):
 def main(argv=None):
     from kiln.training import zoo
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--models", default=",".join(zoo.names()))
+    p.add_argument("--batch", type=int, default=64, help="batch size of the timed steps (default: 64)")
+    p.add_argument("--threads", type=int, default=1, help="BLAS / torch threads (default: 1)")
+    p.add_argument("--iters", type=int, default=10, help="timed steps per model, after 2 warm-up steps (default: 10)")
+    p.add_argument("--models", default=",".join(zoo.names()), help="comma-separated zoo models (default: all)")
     p.add_argument("--seeds", default="0,1,2", help="digits seeds ('' to skip)")
-    p.add_argument("--write", action="store_true", help=f"replace the '{SECTION}' section of docs/benchmarks.md")
+    add_write_argument(p, SECTION)
     args = p.parse_args(argv)
+    md_path = write_path(args.write)
     import torch
     from threadpoolctl import threadpool_limits
     torch.set_num_threads(args.threads)
@@ -314,11 +316,10 @@ def main(argv=None):
     cmd = "python benchmarks/train_bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
     text = render(digits, steps, args, cmd.strip())
     print(text)
-    if args.write:
-        from kiln.docs_util import write_section
-        write_section(os.path.join(ROOT, "docs", "benchmarks.md"), text)
+    if md_path:
+        write_section(md_path, text)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main(main))

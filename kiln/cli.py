@@ -23,7 +23,7 @@ COMMANDS = {
     "run": "run a model on a board (QEMU or real) and report latency and memory",
     "verify": "check golden input/output pairs on a target (reference, host, a board, cuda)",
     "golden": "write golden input/output pairs from LiteRT's reference kernels or Kiln's reference",
-    "bench": "benchmark the shared models across targets and write docs/benchmarks.md",
+    "bench": "benchmark models across the emulated boards (--write: into docs/benchmarks.md)",
     "boards": "list the boards Kiln knows",
 }
 

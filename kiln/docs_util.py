@@ -13,7 +13,7 @@ import sys
 
 import kiln
 from kiln import F, nn
-from kiln.errors import UsageError
+from kiln.errors import KilnError, UsageError
 from kiln.frontend.registry import OPS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,22 +76,32 @@ def add_shared_argument(p):
                         "(default: $KILN_SHARED)")
 
 
-def shared_models(shared, names, flag="--models FILE[,FILE...]"):
+def shared_models(shared, names, flag=None):
     """Paths of ``names`` (file names) in ``shared``/models, ``shared`` from --shared or
-    $KILN_SHARED; a UsageError naming both (and ``flag``) when neither is given or a file is
-    missing."""
+    $KILN_SHARED; a UsageError naming both (and ``flag``, the tool's other way to name models)
+    when neither is given or a file is missing."""
     shared = shared or os.environ.get("KILN_SHARED")
     if not shared:
-        raise UsageError(f"no models to run: pass {flag}, or --shared DIR (or set KILN_SHARED=DIR) naming the "
-                         f"folder whose models/ holds {', '.join(names)}")
+        raise UsageError(f"no models to run: pass {flag + ', or ' if flag else ''}--shared DIR (or set "
+                         f"KILN_SHARED=DIR) naming the folder whose models/ holds {', '.join(names)}")
     d = os.path.join(shared, "models")
     paths = [os.path.join(d, n) for n in names]
     missing = [p for p in paths if not os.path.exists(p)]
     if missing:
         src = "--shared" if shared != os.environ.get("KILN_SHARED") else "KILN_SHARED"
         raise UsageError(f"{src} {shared}: {', '.join(missing)} not found; point --shared (or KILN_SHARED) at "
-                         f"the folder whose models/ holds {', '.join(names)}, or pass {flag}")
+                         f"the folder whose models/ holds {', '.join(names)}{', or pass ' + flag if flag else ''}")
     return paths
+
+
+def script_main(main):
+    """Run a benchmark script's ``main()``; a Kiln error (e.g. no --shared) prints one line and
+    exits 2 instead of a traceback."""
+    try:
+        return main() or 0
+    except KilnError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 # ---- docs/layers.md ----------------------------------------------------------------------------

@@ -127,6 +127,14 @@ class BoardRun:
         return d
 
 
+def _qemu_kw(image):
+    """QEMU's logs (qemu.log, stderr, the instruction-count log) go to a qemu/ folder beside the
+    image, so they live and go with its build folder (a command's temporary build folder is
+    removed unless --keep) instead of a new folder under /tmp per run."""
+    d = os.path.dirname(os.path.abspath(os.fspath(image.elf)))
+    return {"workdir": os.path.join(d, "qemu")} if os.access(d, os.W_OK) else None
+
+
 def run_on_board(image, pkg_dir, inputs, *, port=None, lab_map=None, progress=None):
     """Send every input through the device; returns a BoardRun. ``progress`` is called after
     each inference with (k, n)."""
@@ -138,7 +146,7 @@ def run_on_board(image, pkg_dir, inputs, *, port=None, lab_map=None, progress=No
     outs, insns, ticks = [], [], []
     t0 = time.time()
     src, hz = "none", 0
-    with open_device(image, port=port, lab_map=lab_map) as dev:
+    with open_device(image, port=port, lab_map=lab_map, qemu_kw=_qemu_kw(image)) as dev:
         for k, x in enumerate(inputs):
             x = np.ascontiguousarray(np.asarray(x).astype(in_t["dtype"]).reshape(in_t["shape"]))
             y, res = dev.run(x.tobytes())

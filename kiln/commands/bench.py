@@ -1,42 +1,56 @@
-"""kiln bench: run the shared MLPerf Tiny models across the emulated boards and write
-docs/benchmarks.md: instructions per inference (exact, QEMU plugin), MACs per instruction, arena,
-stack high-water and flash (whole image, and the model's share counted like TFLM's library + model), next to TensorFlow Lite Micro's measured numbers on the Cortex-M4."""
+"""kiln bench: run the shared MLPerf Tiny models (or the models given) across the emulated boards
+and report instructions per inference (exact, QEMU plugin), MACs per instruction, arena, stack
+high-water and flash (whole image, and the model's share counted like TFLM's library + model), next
+to TensorFlow Lite Micro's measured numbers on the Cortex-M4. Prints a table (or --json); replaces
+its section of docs/benchmarks.md (or another Markdown file) only with --write."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-from kiln.docs_util import BENCHMARKS_MD, write_section
+from kiln.docs_util import add_shared_argument, add_write_argument, shared_models, write_path, write_section
+from kiln.errors import UsageError
 
 SECTION = "## Boards (kiln bench)"
-# TFLite Micro on QEMU mps2-an386 (../shared/docs/BASELINES.md); flash = TFLM library .text + the
+BOARDS = "mps2-an385,mps2-an386,mps2-an500,mps2-an505,mps3-an547"
+SHARED_MODELS = ("kws_ref_model.tflite", "pretrainedResnet_quant.tflite")
+# TFLite Micro on QEMU mps2-an386 (BASELINES.md of the shared models); flash = TFLM library .text + the
 # .tflite model's bytes (kws 75,936 + 53,936; ResNet-8 70,606 + 98,496)
 TFLM = {"kws_ref_model": {"cmsis_insn": 7_579_262, "ref_insn": 42_214_495, "arena": 22_820, "flash": 129_872},
         "pretrainedResnet_quant": {"cmsis_insn": 29_780_318, "ref_insn": 105_651_146, "arena": 54_996, "flash": 169_102}}
 
 
 def add_arguments(p):
-    p.add_argument("--models", default=None, help="comma-separated model files (default: the shared MLPerf Tiny models)")
-    p.add_argument("--boards", default="mps2-an385,mps2-an386,mps2-an500,mps2-an505,mps3-an547")
-    p.add_argument("--shared", default=os.environ.get("KILN_SHARED", os.path.join(os.path.dirname(
-        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))), "shared")))
-    p.add_argument("--markdown", default=BENCHMARKS_MD, help="where to write the table")
-    p.add_argument("--no-write", action="store_true")
+    p.add_argument("--models", default=None, metavar="FILE[,FILE...]",
+                   help="comma-separated .tflite / Kiln graph .json files (default: "
+                        f"{' and '.join(SHARED_MODELS)} from --shared)")
+    add_shared_argument(p)
+    p.add_argument("--boards", default=BOARDS, metavar="B[,B...]",
+                   help=f"comma-separated emulated boards (default: {BOARDS}; see `kiln boards`)")
     p.add_argument("--optimize", default=None, choices=["size", "speed"],   # None: both (see help)
                    help="weight storage for every run (default: size on every board, and also speed on "
                         "mps2-an386 for the comparison with TFLM)")
+    add_write_argument(p, SECTION)
+    p.add_argument("-o", "--out", default=None, metavar="DIR",
+                   help="build folder for the packages and firmware (default: a temporary folder, removed "
+                        "afterwards unless --keep)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary build folder (its path is reported)")
 
 
 def _models(args):
     if args.models:
-        return [m for m in args.models.split(",") if m]
-    d = os.path.join(args.shared, "models")
-    return [os.path.join(d, f) for f in ("kws_ref_model.tflite", "pretrainedResnet_quant.tflite")]
+        models = [m for m in args.models.split(",") if m]
+        missing = [m for m in models if not os.path.exists(m)]
+        if missing:
+            raise UsageError(f"--models: {', '.join(missing)} not found")
+        return models
+    return shared_models(args.shared, SHARED_MODELS, flag="--models FILE[,FILE...]")
 
 
 def bench_one(model, board, tmp, optimize="size"):
@@ -116,22 +130,55 @@ def markdown(rows, command):
     return "\n".join(L) + "\n"
 
 
-def run(args):
-    rows = []
-    models = _models(args)
+def text_table(rows):
+    """The rows as a plain-text table (what `kiln bench` prints without --json)."""
+    cols = [("model", "model"), ("board", "board"), ("optimize", "optimize"), ("instructions", "instructions"),
+            ("MACs/insn", "macs_per_instruction"), ("arena B", "arena_bytes"), ("stack B", "stack_bytes"),
+            ("image flash B", "flash_bytes"), ("model flash B", "model_flash_bytes"), ("bit-exact", "bit_exact")]
+    cells = [[h for h, _ in cols]]
+    for r in rows:
+        cells.append([("yes" if r[k] else "NO") if k == "bit_exact" else
+                      (_b(r.get(k)) if isinstance(r.get(k), int) or r.get(k) is None else str(r[k])) for _, k in cols])
+    w = [max(len(c[i]) for c in cells) for i in range(len(cols))]
+    return "\n".join("  ".join(c.ljust(w[i]) if i < 3 else c.rjust(w[i]) for i, c in enumerate(row)).rstrip()
+                     for row in cells)
+
+
+def _runs(models, args):
     boards = [b for b in args.boards.split(",") if b]
+    if not boards:
+        raise UsageError("--boards: no board named (see `kiln boards`)")
     runs = [(m, b, args.optimize or "size") for m in models for b in boards]
     if args.optimize is None and "mps2-an386" in boards:
         runs += [(m, "mps2-an386", "speed") for m in models]
-    with tempfile.TemporaryDirectory(prefix="kiln_bench_") as tmp:
+    return runs
+
+
+def run(args):
+    models = _models(args)
+    runs = _runs(models, args)
+    md_path = write_path(args.write)        # a usage error before the long runs, not after
+    temp = args.out is None
+    out = args.out or tempfile.mkdtemp(prefix="kiln_bench_")
+    rows = []
+    try:
         for m, b, opt in runs:
             if not args.json:
                 print(f"[kiln bench] {os.path.basename(m)} on {b} (--optimize {opt}) ...", file=sys.stderr, flush=True)
-            rows.append(bench_one(m, b, tmp, opt))
-    cmd = "kiln bench" + ("" if args.boards == "mps2-an385,mps2-an386,mps2-an500,mps2-an505,mps3-an547" else f" --boards {args.boards}")
+            rows.append(bench_one(m, b, out, opt))
+    finally:
+        if temp and not args.keep:
+            shutil.rmtree(out, ignore_errors=True)
+    cmd = "kiln bench" + (f" --models {','.join(os.path.basename(m) for m in models)}" if args.models
+                          else " --shared DIR")
+    cmd += "" if args.boards == BOARDS else f" --boards {args.boards}"
     cmd += f" --optimize {args.optimize}" if args.optimize else ""
-    text = markdown(rows, cmd)
-    if not args.no_write:
-        write_section(args.markdown, text)
-    return {"ok": all(r["bit_exact"] for r in rows), "rows": rows, "markdown": None if args.no_write else args.markdown,
-            "text": text}
+    if md_path:
+        write_section(md_path, markdown(rows, cmd + " --write"))
+    text = text_table(rows)
+    if md_path:
+        text += f"\nwrote the '{SECTION[3:]}' section of {md_path}"
+    if temp and args.keep:
+        text += f"\nbuild folder kept: {out}"
+    return {"ok": all(r["bit_exact"] for r in rows), "rows": rows, "markdown": md_path,
+            "build": out if (not temp or args.keep) else None, "text": text}

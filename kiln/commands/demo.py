@@ -19,7 +19,7 @@ from kiln.report import stage_times
 def add_arguments(p):
     p.add_argument("--board", default="mps2-an386", help="emulated board to run on (default mps2-an386)")
     p.add_argument("--out", default="runs/demo", help="output folder for the model, package, firmware and report")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the digits CNN training run (default: 0)")
     p.add_argument("--limit", type=int, default=None, help="run only the first N test images on the board")
     p.add_argument("--port", default=None, help="run on a real board at this serial port instead of QEMU")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

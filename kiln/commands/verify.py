@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 
 import numpy as np
@@ -18,6 +20,11 @@ def add_arguments(p):
                    help="reference | host | host-llvm | cuda | a board name (see `kiln boards`)")
     p.add_argument("--atol", type=float, default=None, help="tolerance for float outputs (default: the target's)")
     p.add_argument("--max-report", type=int, default=10, help="mismatching elements to list per pair")
+    p.add_argument("-o", "--out", default=None, metavar="DIR",
+                   help="build folder of a target that builds something (a board's package and firmware, a "
+                        "CUDA package, the host target's package); default: a temporary folder, removed "
+                        "afterwards unless --keep (the host target then uses its per-model cache)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary build folder (its path is reported)")
 
 
 def load_golden(path):
@@ -42,11 +49,25 @@ def compare(got, want, exact, atol, max_report=10):
             "max_abs_diff": float(diff.max()) if diff.size else 0.0, "mismatches": mism}
 
 
-def verify(model, golden, target, atol=None, max_report=10, options=None):
+def verify(model, golden, target, atol=None, max_report=10, options=None, keep=False):
+    """Run the golden inputs on ``target`` and compare. ``options["out"]``: the build folder of a
+    target that builds something (a board, cuda); without it a temporary folder is used and removed
+    afterwards unless ``keep`` (the report's "build" names a folder that was kept)."""
     t = get_target(target)
     pairs = load_golden(golden)
+    options = dict(options or {})
+    temp = not options.get("out")
+    if temp:
+        options["out"] = tempfile.mkdtemp(prefix="kiln_verify_")
+    else:
+        options.setdefault("out_dir", os.path.join(options["out"], "host_package"))
+    options.setdefault("package", os.path.join(options["out"], "cuda_package"))
     t0 = time.time()
-    outs = run_target(t, model, [p[0] for p in pairs], options if options is not None else {})
+    try:
+        outs = run_target(t, model, [p[0] for p in pairs], options)
+    finally:
+        if temp and not keep:
+            shutil.rmtree(options["out"], ignore_errors=True)
     elapsed = time.time() - t0
     results = []
     for k, ((_, wants), gots) in enumerate(zip(pairs, outs)):
@@ -78,11 +99,12 @@ def verify(model, golden, target, atol=None, max_report=10, options=None):
     return {"ok": ok, "model": str(model), "golden": str(golden), "target": target, "pairs": len(pairs),
             "matched": sum(r["match"] for r in results), "seconds": round(elapsed, 3),
             "comparison": "bit-exact (integer outputs)" if t.exact else f"within atol {atol if atol is not None else t.atol}",
-            "results": results}
+            "build": options["out"] if (not temp or keep) else None, "results": results}
 
 
 def run(args):
-    rep = verify(args.model, args.golden, args.target, args.atol, args.max_report)
+    rep = verify(args.model, args.golden, args.target, args.atol, args.max_report,
+                 options={"out": args.out} if args.out else None, keep=args.keep)
     lines = [f"verify {rep['model']} on {rep['target']}: {rep['matched']}/{rep['pairs']} golden pairs match"]
     for r in rep["results"]:
         if not r["match"]:
@@ -91,6 +113,8 @@ def run(args):
             for m in r["mismatches"]:
                 where = f"output {m['output']} " if "output" in m else ""
                 lines.append(f"    {where}at {m['index']}: got {m['got']}, expected {m['expected']}")
+    if rep["build"] and not args.out:
+        lines.append(f"build folder kept: {rep['build']}")
     lines.append("OK" if rep["ok"] else "FAILED")
     rep["text"] = "\n".join(lines)
     return rep
