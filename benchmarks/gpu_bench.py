@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 
@@ -118,11 +119,15 @@ def torch_case(name, batch, train, mode, iters):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="digits-cnn,ds-cnn,resnet8,mobilenet-v1-0.25,fc-autoencoder")
-    p.add_argument("--arch", default=None, help="default: the device's sm_XY")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--iters", type=int, default=100)
-    p.add_argument("--markdown", help="write the table here too")
+    p.add_argument("--models", default="digits-cnn,ds-cnn,resnet8,mobilenet-v1-0.25,fc-autoencoder",
+                   help="comma-separated zoo models (default: all five)")
+    p.add_argument("--arch", default=None, help="CUDA architecture, e.g. sm_90 (default: the device's sm_XY)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                   help="storage dtype of Kiln's packages (default: float32)")
+    p.add_argument("--iters", type=int, default=100, help="timed iterations per case (default: 100)")
+    p.add_argument("--markdown", metavar="PATH", help="also write the table to this file (nothing is written without it)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the temporary folder with the CUDA packages (removed by default)")
     a = p.parse_args(argv)
     import torch
     from kiln.backends.cuda_runner import probe
@@ -130,6 +135,17 @@ def main(argv=None):
     arch = a.arch or f"sm_{cc}"
     gpu = torch.cuda.get_device_name()
     work = tempfile.mkdtemp(prefix="kiln-gpu-bench-")
+    try:
+        rows = _bench_all(a, arch, work)
+    finally:
+        if a.keep:
+            print(f"CUDA packages kept in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    _report(rows, a, arch, gpu, torch, cupy)
+
+
+def _bench_all(a, arch, work):
     rows = []
     for m in a.models.split(","):
         m = m.strip()
@@ -143,6 +159,10 @@ def main(argv=None):
             r[f"{mode}_train_ms"] = torch_case(m, 64, True, mode, a.iters)
         rows.append(r)
         print(r, flush=True)
+    return rows
+
+
+def _report(rows, a, arch, gpu, torch, cupy):
     head = ("| model | b1 latency ms: Kiln / eager / compile | b64 img/s: Kiln / eager / compile | "
             "train step b64 ms: Kiln / eager / compile | Kiln max rel err |\n|---|---|---|---|---|")
     lines = [head]

@@ -88,11 +88,12 @@ def table(rows):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="digits-cnn,ds-cnn,resnet8,fc-autoencoder,mobilenet-v1-0.25")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--markdown", help="also write the table to this file")
+    p.add_argument("--models", default="digits-cnn,ds-cnn,resnet8,fc-autoencoder,mobilenet-v1-0.25",
+                   help="comma-separated zoo models (default: all five)")
+    p.add_argument("--batch", type=int, default=32, help="batch size of the training step (default: 32)")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for Kiln and PyTorch (default: all cores)")
+    p.add_argument("--iters", type=int, default=20, help="timed steps per model (default: 20)")
+    p.add_argument("--markdown", metavar="PATH", help="also write the table to this file (nothing is written without it)")
     a = p.parse_args(argv)
     rows = []
     for m in a.models.split(","):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up for Kiln on a fresh Debian machine:
 #   - apt packages (only when missing): gcc-arm-none-eabi, libnewlib-arm-none-eabi, qemu-system-arm
-#   - a virtualenv at .venv with Kiln installed in editable mode and pinned dependencies
+#   - a virtualenv at .venv with Kiln (distribution kiln-ml) installed in editable mode, its
+#     dependencies at the exact versions locked in constraints.txt (pyproject.toml has the ranges)
 #   - the QEMU instruction-counting plugin (built into .venv/share/kiln)
 # Usage: bash scripts/setup.sh [--test]   (--test also installs the test extras)
 set -euo pipefail
@@ -27,15 +28,25 @@ fi
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
+  if ! $PY -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    say "error: Kiln needs Python >= 3.11 ($PY is $($PY -V 2>&1 || echo missing)): run with PYTHON=python3.11"
+    exit 2
+  fi
   say "creating .venv"
   $PY -m venv .venv
 fi
 stamp=.venv/.kiln-installed$extras
-req_hash=$(cat pyproject.toml | sha256sum | cut -c1-16)
+# reinstall only when what decides the installed versions changed (or .venv is a fresh one)
+req_hash=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$req_hash" ]; then
-  say "installing Python dependencies (pinned in pyproject.toml)"
+  say "installing Python dependencies (versions locked in constraints.txt)"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e ".$extras"
+  # an editable install made under the old distribution name "kiln" would shadow this one
+  if .venv/bin/python -m pip show kiln >/dev/null 2>&1; then
+    .venv/bin/python -m pip uninstall -q -y kiln
+    rm -rf kiln.egg-info
+  fi
+  .venv/bin/python -m pip install -q -e ".$extras" -c constraints.txt
   echo "$req_hash" > "$stamp"
 else
   say "Python dependencies up to date"
