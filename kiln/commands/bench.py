@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 import numpy as np
 
+from kiln.commands import BuildFolder
 from kiln.docs_util import add_shared_argument, add_write_argument, shared_models, write_path, write_section
 from kiln.errors import UsageError
 
@@ -158,17 +157,12 @@ def run(args):
     models = _models(args)
     runs = _runs(models, args)
     md_path = write_path(args.write)        # a usage error before the long runs, not after
-    temp = args.out is None
-    out = args.out or tempfile.mkdtemp(prefix="kiln_bench_")
     rows = []
-    try:
+    with BuildFolder(args.out, args.keep, "kiln_bench_") as build:
         for m, b, opt in runs:
             if not args.json:
                 print(f"[kiln bench] {os.path.basename(m)} on {b} (--optimize {opt}) ...", file=sys.stderr, flush=True)
-            rows.append(bench_one(m, b, out, opt))
-    finally:
-        if temp and not args.keep:
-            shutil.rmtree(out, ignore_errors=True)
+            rows.append(bench_one(m, b, build.path, opt))
     cmd = "kiln bench" + (f" --models {','.join(os.path.basename(m) for m in models)}" if args.models
                           else " --shared DIR")
     cmd += "" if args.boards == BOARDS else f" --boards {args.boards}"
@@ -178,7 +172,7 @@ def run(args):
     text = text_table(rows)
     if md_path:
         text += f"\nwrote the '{SECTION[3:]}' section of {md_path}"
-    if temp and args.keep:
-        text += f"\nbuild folder kept: {out}"
+    if build.temp and build.kept:
+        text += f"\nbuild folder kept: {build.kept}"
     return {"ok": all(r["bit_exact"] for r in rows), "rows": rows, "markdown": md_path,
-            "build": out if (not temp or args.keep) else None, "text": text}
+            "build": build.kept, "text": text}

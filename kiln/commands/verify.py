@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 
 import numpy as np
 
+from kiln.commands import BuildFolder
 from kiln.samples import golden_pairs, read_npz
 from kiln.targets import get_target, run_target
 
@@ -56,18 +55,13 @@ def verify(model, golden, target, atol=None, max_report=10, options=None, keep=F
     t = get_target(target)
     pairs = load_golden(golden)
     options = dict(options or {})
-    temp = not options.get("out")
-    if temp:
-        options["out"] = tempfile.mkdtemp(prefix="kiln_verify_")
-    else:
+    if options.get("out"):
         options.setdefault("out_dir", os.path.join(options["out"], "host_package"))
-    options.setdefault("package", os.path.join(options["out"], "cuda_package"))
     t0 = time.time()
-    try:
+    with BuildFolder(options.get("out"), keep, "kiln_verify_") as build:
+        options["out"] = build.path
+        options.setdefault("package", os.path.join(build.path, "cuda_package"))
         outs = run_target(t, model, [p[0] for p in pairs], options)
-    finally:
-        if temp and not keep:
-            shutil.rmtree(options["out"], ignore_errors=True)
     elapsed = time.time() - t0
     results = []
     for k, ((_, wants), gots) in enumerate(zip(pairs, outs)):
@@ -99,7 +93,7 @@ def verify(model, golden, target, atol=None, max_report=10, options=None, keep=F
     return {"ok": ok, "model": str(model), "golden": str(golden), "target": target, "pairs": len(pairs),
             "matched": sum(r["match"] for r in results), "seconds": round(elapsed, 3),
             "comparison": "bit-exact (integer outputs)" if t.exact else f"within atol {atol if atol is not None else t.atol}",
-            "build": options["out"] if (not temp or keep) else None, "results": results}
+            "build": build.kept, "results": results}
 
 
 def run(args):

@@ -13,7 +13,9 @@ import pytest
 
 from kiln import docs_util
 from kiln.cli import build_parser, main
+from kiln.commands import BuildFolder
 from kiln.docs_util import BENCHMARKS_MD
+from kiln.errors import KilnError
 from kiln.frontend import Graph, TensorType, save
 from kiln.quantize import ptq
 
@@ -146,3 +148,23 @@ def test_verify_on_a_board_removes_its_build_folder_unless_keep(capsys, tiny_int
     out = tmp_path / "build"
     rc, rep = _json(capsys, argv + ["-o", str(out)])
     assert rc == 0 and rep["build"] == str(out) and os.path.isdir(out / "package")
+
+
+def test_build_folder_is_removed_unless_kept_or_named_by_the_error(private_tmp, tmp_path):
+    with BuildFolder(None, False, "kiln_t_") as b:
+        open(os.path.join(b.path, "f"), "w").close()
+    assert b.temp and b.kept is None and os.listdir(private_tmp) == []
+    with BuildFolder(None, True, "kiln_t_") as b:
+        pass
+    assert b.kept and os.path.isdir(b.kept)
+    with pytest.raises(KilnError):
+        with BuildFolder(None, False, "kiln_u_") as c:
+            raise KilnError("something else went wrong")
+    assert c.kept is None and not os.path.exists(c.path)
+    with pytest.raises(KilnError):                           # QEMU's error names its logs: they stay
+        with BuildFolder(None, False, "kiln_v_") as d:
+            raise KilnError(f"QEMU still running (stderr: {d.path}/firmware/qemu/qemu.stderr)")
+    assert d.kept == d.path and os.path.isdir(d.path)
+    with BuildFolder(str(tmp_path / "mine"), False, "kiln_w_") as e:
+        pass
+    assert not e.temp and e.kept == str(tmp_path / "mine")  # a folder the user named is never removed
