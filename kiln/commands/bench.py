@@ -17,6 +17,7 @@ from kiln.docs_util import add_shared_argument, add_write_argument, shared_model
 from kiln.errors import UsageError
 
 SECTION = "## Boards (kiln bench)"
+SHARED_NOTE = "DIR: the folder whose models/ holds the MLPerf Tiny models; "
 BOARDS = "mps2-an385,mps2-an386,mps2-an500,mps2-an505,mps3-an547"
 SHARED_MODELS = ("kws_ref_model.tflite", "pretrainedResnet_quant.tflite")
 # TFLite Micro on QEMU mps2-an386 (BASELINES.md of the shared models); flash = TFLM library .text + the
@@ -99,7 +100,8 @@ def markdown(rows, command):
     main_opt = rows[0]["optimize"] if rows else "size"
     all_rows, rows = rows, [r for r in rows if r["optimize"] == main_opt]
     L = [SECTION, "",
-         f"Produced by `{command}` (QEMU 7.2, arm-none-eabi-gcc 12.2 -O2). Instructions are executed "
+         f"Produced by `{command}` ({SHARED_NOTE if '--shared DIR' in command else ''}QEMU 7.2, "
+         "arm-none-eabi-gcc 12.2 -O2). Instructions are executed "
          "instructions for one inference, counted exactly by Kiln's QEMU TCG plugin between the model's "
          "entry and exit (deterministic across runs); stack is the painted high-water mark of the whole "
          "firmware during an inference. Every row's output was checked bit-exact against the int8 "
