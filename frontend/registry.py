@@ -43,6 +43,24 @@ _CHECK = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Quant:
+    """How post-training quantisation treats an op (TFLite's int8 specification).
+
+    ``output``: "calibrated" (the output's own calibrated range), "input" (input 0's quantisation:
+    pooling, reshape, pad), or "fixed" (``fixed`` = (scale, zero_point): softmax, logistic, tanh).
+    ``inputs``: "operands" (every input int8 as it comes), "weights" (inputs 1 and 2 are the weights,
+    quantised symmetric per channel or per tensor, and the int32 bias: conv2d, dense), or
+    "requantize" (every input requantised to the output's parameters: concat)."""
+    output: str = "calibrated"
+    fixed: tuple | None = None
+    inputs: str = "operands"
+
+
+WEIGHTS = Quant(inputs="weights")          # conv2d, dense
+SAME_AS_INPUT = Quant(output="input")      # pooling, reshape, pad: the input's quantisation
+
+
 @dataclasses.dataclass
 class OpDef:
     name: str
@@ -55,6 +73,7 @@ class OpDef:
     props: frozenset = frozenset()
     arity: int | None = None            # number of inputs (None: variadic)
     doc: str = ""
+    quant: Quant | None = None          # how PTQ quantises it (None: no int8 form)
 
     def rule(self, name):
         fn = getattr(self, name)
@@ -94,12 +113,17 @@ _RULE_NAMES = {"infer": "shape rule", "ref": "NumPy reference", "vjp": "VJP",
 OPS: dict[str, OpDef] = {}
 
 
-def register(name, *, attrs=None, infer=None, ref=None, vjp=None, props=(), arity=None, doc=""):
+def register(name, *, attrs=None, infer=None, ref=None, vjp=None, props=(), arity=None, doc="", quant=None):
     if name in OPS:
         raise GraphError(f"op '{name}' registered twice")
-    op = OpDef(name, dict(attrs or {}), infer, ref, vjp, props=frozenset(props), arity=arity, doc=doc)
+    op = OpDef(name, dict(attrs or {}), infer, ref, vjp, props=frozenset(props), arity=arity, doc=doc, quant=quant)
     OPS[name] = op
     return op
+
+
+def quantizable_ops() -> list[str]:
+    """The ops post-training quantisation can convert (they have a Quant rule)."""
+    return sorted(n for n, op in OPS.items() if op.quant is not None)
 
 
 def get_op(name) -> OpDef:

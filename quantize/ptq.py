@@ -17,15 +17,12 @@ import numpy as np
 
 from kiln.frontend.errors import KilnError
 from kiln.frontend.graph import Graph
+from kiln.frontend.registry import get_op, quantizable_ops
 from kiln.frontend.types import QParams, TensorType
 
 from .calibrate import calibrate, qparams_from_range
 from .graph_passes import prepare
 
-QUANTIZED_OPS = ("conv2d", "dense", "add", "mul", "avg_pool2d", "max_pool2d", "reshape", "pad", "concat", "mean",
-                 "softmax", "sigmoid", "tanh", "relu", "relu6")
-_FIXED_OUT = {"softmax": (1.0 / 256, -128), "sigmoid": (1.0 / 256, -128), "tanh": (1.0 / 128, 0)}
-_KEEP_IN = ("avg_pool2d", "max_pool2d", "reshape", "pad")
 
 
 class QuantizationError(KilnError):
@@ -116,11 +113,12 @@ def convert(graph: Graph, ranges: dict, per_channel=True, int8_io=False, name=No
                           name=q.fresh(v + "_requant"), out_type=TensorType(t.shape, "int8", target))
 
     for n in g.nodes:
-        if n.op not in QUANTIZED_OPS:
+        rule = get_op(n.op).quant
+        if rule is None:
             raise QuantizationError(f"node {n.name!r}: op '{n.op}' has no int8 kernel; int8 graphs support "
-                                    f"{', '.join(QUANTIZED_OPS)}")
+                                    f"{', '.join(quantizable_ops())}")
         out_t = g.types[n.name]
-        if n.op in ("conv2d", "dense"):
+        if rule.inputs == "weights":
             x = operand(n.inputs[0])
             s_in = qp[n.inputs[0]].scale[0]
             wname = n.inputs[1]
@@ -133,16 +131,16 @@ def convert(graph: Graph, ranges: dict, per_channel=True, int8_io=False, name=No
             bn = q.add_const(q.fresh((n.inputs[2] if len(n.inputs) == 3 else n.name + "_bias") + "_int32"), bq, bqp)
             oq = need_range(n.name)
             inputs = [x, wn, bn]
-        elif n.op in _FIXED_OUT:
-            inputs = [operand(n.inputs[0])]
-            oq = _qp(_FIXED_OUT[n.op])
-        elif n.op in _KEEP_IN:
-            inputs = [operand(n.inputs[0])]
+        elif rule.output == "fixed":
+            inputs = [operand(v) for v in n.inputs]
+            oq = _qp(rule.fixed)
+        elif rule.output == "input":
+            inputs = [operand(n.inputs[0])] + [operand(v) for v in n.inputs[1:]]
             oq = qp[n.inputs[0]]
-        elif n.op == "concat":
+        elif rule.inputs == "requantize":
             oq = need_range(n.name)
             inputs = [requant_to(v, oq) for v in n.inputs]
-        else:   # add, mul, mean, relu, relu6
+        else:   # calibrated output, int8 operands (add, mul, mean, relu, relu6)
             inputs = [operand(v) for v in n.inputs]
             oq = need_range(n.name)
         env[n.name] = q.add_node(n.op, inputs, n.attrs, name=n.name, out_type=TensorType(out_t.shape, "int8", oq))

@@ -19,12 +19,13 @@ import numpy as np
 
 from kiln.frontend import functional as F
 from kiln.frontend.module import Module, Parameter
+from kiln.frontend.registry import get_op
 from kiln.frontend.tensor import constant
 from kiln.frontend.types import QParams
 
 from .calibrate import calibrate, qparams_from_range
 from .graph_passes import prepare
-from .ptq import _FIXED_OUT, _KEEP_IN, QUANTIZED_OPS, QuantizationError, convert, quantize_weights
+from .ptq import QuantizationError, convert, quantize_weights
 
 
 def activation_qparams(graph, ranges):
@@ -33,10 +34,11 @@ def activation_qparams(graph, ranges):
     for i in graph.inputs:
         qp[i] = qparams_from_range(*ranges[i])
     for n in graph.nodes:
-        if n.op in _FIXED_OUT:
-            s, z = _FIXED_OUT[n.op]
+        rule = get_op(n.op).quant
+        if rule is not None and rule.output == "fixed":
+            s, z = rule.fixed
             qp[n.name] = QParams((float(np.float32(s)),), (z,))
-        elif n.op in _KEEP_IN:
+        elif rule is not None and rule.output == "input":
             qp[n.name] = qp[n.inputs[0]]
         else:
             qp[n.name] = qparams_from_range(*ranges[n.name])
@@ -48,7 +50,7 @@ class FakeQuantModule(Module):
 
     def __init__(self, graph, act_qparams, per_channel=True):
         for n in graph.nodes:
-            if n.op not in QUANTIZED_OPS:
+            if get_op(n.op).quant is None:
                 raise QuantizationError(f"node {n.name!r}: op '{n.op}' has no int8 kernel (QAT)")
         self._g = graph
         self._qp = act_qparams
@@ -70,7 +72,7 @@ class FakeQuantModule(Module):
                     t = env[v]
                 elif v in self.p:
                     t = self.p[v]
-                    if n.op in ("conv2d", "dense") and k == 1:
+                    if get_op(n.op).quant.inputs == "weights" and k == 1:
                         _, wq = quantize_weights(self.p[v].data, self._per_channel)
                         t = self._fq(t, wq, axis=0 if wq.per_channel else None, qmin=-127, qmax=127)
                 else:

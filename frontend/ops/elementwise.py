@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import functional as F
 from ..errors import ShapeError
-from ..registry import BINARY, ELEMENTWISE, NONDIFF, QUANTIZABLE, UNARY, Attr, register
+from ..registry import BINARY, ELEMENTWISE, NONDIFF, QUANTIZABLE, UNARY, Attr, Quant, register
 from ..types import DTYPES
 from ._util import bshape, need_float, same_dtype, tt
 
@@ -19,9 +19,9 @@ def _unary_infer(name):
     return infer
 
 
-def _unary(name, ref, vjp, props=(), doc=""):
+def _unary(name, ref, vjp, props=(), doc="", quant=None):
     register(name, infer=_unary_infer(name), ref=lambda xs, a: ref(xs[0]).astype(xs[0].dtype, copy=False),
-             vjp=vjp, props={ELEMENTWISE, UNARY, *props}, arity=1, doc=doc)
+             vjp=vjp, props={ELEMENTWISE, UNARY, *props}, arity=1, doc=doc, quant=quant)
 
 
 _unary("neg", np.negative, lambda n, xs, y, gy: [-gy], doc="-x")
@@ -29,16 +29,16 @@ _unary("exp", np.exp, lambda n, xs, y, gy: [gy * y], doc="e**x (VJP reads the ou
 _unary("log", np.log, lambda n, xs, y, gy: [gy / xs[0]], doc="natural logarithm")
 _unary("sqrt", np.sqrt, lambda n, xs, y, gy: [gy / (y * 2.0)], doc="square root; gradient inf at 0 (as torch)")
 _unary("tanh", np.tanh, lambda n, xs, y, gy: [gy * (1.0 - y * y)], props={QUANTIZABLE},
-       doc="hyperbolic tangent (VJP reads the output)")
+       doc="hyperbolic tangent (VJP reads the output)", quant=Quant("fixed", (1.0 / 128, 0)))
 _unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), lambda n, xs, y, gy: [gy * (y * (1.0 - y))],
-       props={QUANTIZABLE}, doc="logistic 1 / (1 + e**-x) (VJP reads the output)")
+       props={QUANTIZABLE}, doc="logistic 1 / (1 + e**-x) (VJP reads the output)", quant=Quant("fixed", (1.0 / 256, -128)))
 # relu/relu6 VJPs read the output (y > 0 exactly when x > 0), as torch's threshold_backward does:
 # the pre-activation then dies with the forward pass instead of living until the backward.
 _unary("relu", lambda x: np.maximum(x, 0), lambda n, xs, y, gy: [F.where(y > 0.0, gy, 0.0)],
-       props={QUANTIZABLE}, doc="max(x, 0); gradient 0 at 0 (as torch)")
+       props={QUANTIZABLE}, doc="max(x, 0); gradient 0 at 0 (as torch)", quant=Quant())
 _unary("relu6", lambda x: np.minimum(np.maximum(x, 0), 6),
        lambda n, xs, y, gy: [F.where(F.logical_and(y > 0.0, y < 6.0), gy, 0.0)],
-       props={QUANTIZABLE}, doc="min(max(x, 0), 6); gradient 0 at 0 and 6 (as torch)")
+       props={QUANTIZABLE}, doc="min(max(x, 0), 6); gradient 0 at 0 and 6 (as torch)", quant=Quant())
 
 
 def _pow_ref(xs, a):
@@ -68,9 +68,9 @@ def _binary_infer(name, out_dtype=None):
     return infer
 
 
-def _binary(name, ref, vjp, props=()):
+def _binary(name, ref, vjp, props=(), quant=None):
     register(name, infer=_binary_infer(name), ref=lambda xs, a: ref(xs[0], xs[1]).astype(xs[0].dtype, copy=False),
-             vjp=vjp, props={ELEMENTWISE, BINARY, *props}, arity=2,
+             vjp=vjp, props={ELEMENTWISE, BINARY, *props}, arity=2, quant=quant,
              doc=f"elementwise {name}, NumPy broadcasting" + ("; a tie splits the gradient equally (as torch)"
                                                              if name in ("maximum", "minimum") else ""))
 
@@ -79,10 +79,10 @@ def _ub(g, x):
     return F.unbroadcast(g, x.shape)
 
 
-_binary("add", np.add, lambda n, xs, y, gy: [_ub(gy, xs[0]), _ub(gy, xs[1])], props={QUANTIZABLE})
+_binary("add", np.add, lambda n, xs, y, gy: [_ub(gy, xs[0]), _ub(gy, xs[1])], props={QUANTIZABLE}, quant=Quant())
 _binary("sub", np.subtract, lambda n, xs, y, gy: [_ub(gy, xs[0]), _ub(-gy, xs[1])])
 _binary("mul", np.multiply, lambda n, xs, y, gy: [_ub(gy * xs[1], xs[0]), _ub(gy * xs[0], xs[1])],
-        props={QUANTIZABLE})
+        props={QUANTIZABLE}, quant=Quant())
 _binary("div", np.divide, lambda n, xs, y, gy: [_ub(gy / xs[1], xs[0]), _ub(-(gy * y) / xs[1], xs[1])])
 
 

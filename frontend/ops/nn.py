@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import functional as F
 from ..errors import ShapeError
-from ..registry import LINEAR, QUANTIZABLE, Attr, register
+from ..registry import LINEAR, QUANTIZABLE, SAME_AS_INPUT, WEIGHTS, Attr, register
 from ._util import bshape, conv_out_and_pads, need_float, same_dtype, tt
 
 ACT = Attr("str", "none", ("none", "relu", "relu6"))
@@ -91,7 +91,7 @@ def _dense_vjp(n, xs, y, gy):
 
 
 register("dense", attrs={"activation": ACT}, infer=_dense_infer, ref=_dense_ref, vjp=_dense_vjp,
-         props={LINEAR, QUANTIZABLE}, doc="x @ w.T + b, w is [N_out, K]; optional fused activation")
+         props={LINEAR, QUANTIZABLE}, doc="x @ w.T + b, w is [N_out, K]; optional fused activation", quant=WEIGHTS)
 
 
 # ---- convolution ------------------------------------------------------------------------------
@@ -219,7 +219,7 @@ def _conv_vjp(n, xs, y, gy):
 
 register("conv2d", attrs={**CONV, "activation": ACT}, infer=_conv_infer, ref=_conv_ref, vjp=_conv_vjp,
          props={LINEAR, QUANTIZABLE},
-         doc="NHWC x OHWI conv (+bias, +fused activation); depthwise is groups = C_in")
+         doc="NHWC x OHWI conv (+bias, +fused activation); depthwise is groups = C_in", quant=WEIGHTS)
 
 
 def _cgi_infer(ts, a):
@@ -388,7 +388,7 @@ register("avg_pool2d", attrs=AVG, infer=_pool_infer, ref=_avg_ref,
          vjp=lambda n, xs, y, gy: [F.avg_pool2d_grad(gy, xs[0].shape, **_pool_attrs(n.attrs),
                                                      count_include_pad=n.attrs["count_include_pad"])],
          props={QUANTIZABLE}, arity=1,
-         doc="NHWC average pooling; padding excluded from the count (TFLite) unless count_include_pad")
+         doc="NHWC average pooling; padding excluded from the count (TFLite) unless count_include_pad", quant=SAME_AS_INPUT)
 register("avg_pool2d_grad", attrs={**AVG, "input_shape": Attr("ints", ())},
          infer=lambda ts, a: tt(a["input_shape"], ts[0].dtype), ref=_avg_grad_ref,
          vjp=lambda n, xs, y, gy: [F.avg_pool2d(gy, **_pool_attrs(n.attrs), count_include_pad=n.attrs["count_include_pad"])],
@@ -445,7 +445,7 @@ def _max_gather_ref(xs, a):
 
 register("max_pool2d", attrs=POOL, infer=_pool_infer, ref=_max_ref,
          vjp=lambda n, xs, y, gy: [F.max_pool2d_grad(xs[0], gy, **n.attrs)], props={QUANTIZABLE}, arity=1,
-         doc="NHWC max pooling; gradient to each window's first maximum (row-major, as torch)")
+         doc="NHWC max pooling; gradient to each window's first maximum (row-major, as torch)", quant=SAME_AS_INPUT)
 register("max_pool2d_grad", attrs=POOL, infer=lambda ts, a: ts[0], ref=_max_grad_ref,
          vjp=lambda n, xs, y, gy: [None, F.max_pool2d_gather(xs[0], gy, **n.attrs)], arity=2,
          doc="(x, grad_out) -> grad_x: routes each window's gradient to its first maximum")

@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import functional as F
 from ..errors import ShapeError
-from ..registry import QUANTIZABLE, REDUCTION, SHAPE, Attr, register
+from ..registry import QUANTIZABLE, REDUCTION, SAME_AS_INPUT, SHAPE, Attr, Quant, register
 from ._util import need_float, norm_axes, reduced_shape, tt
 
 _RED = {"axes": Attr("ints", None), "keepdims": Attr("bool", False)}
@@ -61,7 +61,7 @@ register("sum", attrs=_RED, infer=_red_infer("sum"), ref=_sum_ref,
          vjp=lambda n, xs, y, gy: [_expand_back(gy, xs[0], n.attrs)], props={REDUCTION}, arity=1,
          doc="sum over axes (None: all)")
 register("mean", attrs=_RED, infer=_red_infer("mean"), ref=_mean_ref, vjp=_mean_vjp,
-         props={REDUCTION, QUANTIZABLE}, arity=1, doc="mean over axes (None: all)")
+         props={REDUCTION, QUANTIZABLE}, arity=1, doc="mean over axes (None: all)", quant=Quant())
 register("max", attrs=_RED, infer=_red_infer("max"), ref=_max_ref, vjp=_max_vjp, props={REDUCTION}, arity=1,
          doc="max over axes; ties share the gradient equally (torch.amax)")
 
@@ -98,7 +98,7 @@ def _log_softmax_vjp(n, xs, y, gy):
 
 
 register("softmax", attrs={"axis": Attr("int", -1)}, infer=_sm_infer, ref=_softmax_ref, vjp=_softmax_vjp,
-         props={QUANTIZABLE}, arity=1, doc="softmax along axis (max-subtracted)")
+         props={QUANTIZABLE}, arity=1, doc="softmax along axis (max-subtracted)", quant=Quant("fixed", (1.0 / 256, -128)))
 register("log_softmax", attrs={"axis": Attr("int", -1)}, infer=_sm_infer, ref=_log_softmax_ref,
          vjp=_log_softmax_vjp, arity=1, doc="log of softmax along axis (stable)")
 
@@ -122,7 +122,7 @@ register("reshape", attrs={"shape": Attr("ints", ())},
          infer=lambda ts, a: tt(resolve_shape(a["shape"], ts[0].size), ts[0].dtype, ts[0].quant),
          ref=lambda xs, a: np.reshape(xs[0], resolve_shape(a["shape"], xs[0].size)),
          vjp=lambda n, xs, y, gy: [F.reshape(gy, xs[0].shape)], props={SHAPE, QUANTIZABLE}, arity=1,
-         doc="row-major reshape; one -1 is inferred")
+         doc="row-major reshape; one -1 is inferred", quant=SAME_AS_INPUT)
 
 
 def _perm(a, ndim):
@@ -166,7 +166,7 @@ def _concat_vjp(n, xs, y, gy):
 
 register("concat", attrs={"axis": Attr("int", 0)}, infer=_concat_infer,
          ref=lambda xs, a: np.concatenate(xs, axis=a["axis"]), vjp=_concat_vjp, props={SHAPE, QUANTIZABLE},
-         doc="join along axis (any number of inputs)")
+         doc="join along axis (any number of inputs)", quant=Quant(inputs="requantize"))
 
 
 def _pads(a, ndim):
@@ -181,7 +181,7 @@ register("pad", attrs={"pads": Attr("ints", ()), "value": Attr("float", 0.0)},
          ref=lambda xs, a: np.pad(xs[0], _pads(a, xs[0].ndim), constant_values=np.asarray(a["value"]).astype(xs[0].dtype)),
          vjp=lambda n, xs, y, gy: [F.slice(gy, [lo for lo, hi in _pads(n.attrs, y.ndim)],
                                            [lo + s for (lo, hi), s in zip(_pads(n.attrs, y.ndim), xs[0].shape)])],
-         props={SHAPE, QUANTIZABLE}, arity=1, doc="constant padding, pads = [lo0, hi0, lo1, hi1, ...]")
+         props={SHAPE, QUANTIZABLE}, arity=1, doc="constant padding, pads = [lo0, hi0, lo1, hi1, ...]", quant=SAME_AS_INPUT)
 
 
 def _slice_params(a, shape):
