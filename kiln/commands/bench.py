@@ -15,6 +15,8 @@ import numpy as np
 from kiln.commands import BuildFolder
 from kiln.docs_util import add_shared_argument, add_write_argument, shared_models, write_path, write_section
 from kiln.errors import UsageError
+from kiln.quantize.targets import run_reference
+from kiln.samples import random_inputs
 
 SECTION = "## Boards (kiln bench)"
 SHARED_NOTE = "DIR: the folder whose models/ holds the MLPerf Tiny models; "
@@ -60,15 +62,16 @@ def bench_one(model, board, tmp, optimize="size"):
     t0 = time.time()
     image, pkg_dir = hil.build_for_board(model, board, out, optimize=optimize)
     graph = hil.package_graph(pkg_dir)
-    t = graph.types[graph.inputs[0]]
-    x = np.random.default_rng(0).integers(-128, 128, t.shape).astype(np.int8)
-    ref = hil.reference_outputs(graph, [x])[0]
-    res = hil.run_on_board(image, pkg_dir, [x])
+    sample = random_inputs(graph, 1, seed=0)[0]          # one array per model input
+    ref = run_reference(graph, [sample])[0]
+    res = hil.run_on_board(image, pkg_dir, [sample if len(sample) > 1 else sample[0]])
+    got = res.outputs[0] if isinstance(res.outputs[0], (list, tuple)) else (res.outputs[0],)
     with open(os.path.join(pkg_dir, "manifest.json")) as f:
         man = json.load(f)
     ins = res.instructions[0]
     return {"model": name, "board": board, "core": man["target"], "optimize": optimize,
-            "bit_exact": bool(np.array_equal(res.outputs[0].reshape(-1), ref.reshape(-1))),
+            "bit_exact": len(got) == len(ref) and all(np.array_equal(np.asarray(a).reshape(-1), np.asarray(b).reshape(-1))
+                                                      for a, b in zip(got, ref)),
             "instructions": ins, "instruction_source": res.instruction_source, "macs": man["macs"],
             "macs_per_instruction": round(man["macs"] / ins, 4) if ins else None,
             "arena_bytes": man["arena_bytes"], "stack_bytes": res.stack_used,
