@@ -6,6 +6,7 @@
         dev = Device.open(px.url)
         px.drop_next("to_host", 5)         # lose the next 5 bytes of a reply
         px.disconnect()                    # cut the link, as a board reset / USB re-plug does
+        px.on_frame("to_device", T.GET_OUTPUT, lambda f: q.system_reset())   # act on a frame
 
 It listens on a free local port, accepts the host, connects to the upstream (QEMU's serial
 socket) and pumps bytes both ways, dropping, corrupting (one bit flipped), inserting garbage or
@@ -20,8 +21,20 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
+
+from .protocol import Decoder, Frame
 
 DIRECTIONS = ("to_device", "to_host")
+
+
+@dataclass
+class Trigger:
+    direction: str
+    ftype: int
+    action: Callable[[Frame], None]
+    when: str = "before"     # run the action before / after forwarding the chunk with the frame
+    count: int = 1           # the n-th such frame (then the trigger is spent)
 
 
 @dataclass
@@ -62,6 +75,8 @@ class FaultProxy:
         self._client: socket.socket | None = None
         self._stop = threading.Event()
         self._cut = threading.Event()
+        self._triggers: list[Trigger] = []
+        self._watch = {d: Decoder() for d in DIRECTIONS}
         self._thread = threading.Thread(target=self._serve, name="kiln-fault-proxy", daemon=True)
         self._thread.start()
 
@@ -87,6 +102,31 @@ class FaultProxy:
 
     def corrupt_next(self, direction: str, n: int) -> None:
         self.set_faults(direction, corrupt_next=n)
+
+    def on_frame(self, direction: str, ftype: int, action: Callable[[Frame], None], *,
+                 when: str = "before", count: int = 1) -> None:
+        """Call ``action(frame)`` when the ``count``-th frame of type ``ftype`` (e.g. T.INVOKE,
+        or T.INVOKE | REPLY) passes in ``direction``, before or after forwarding the chunk that
+        ends it (in the proxy's thread). One-shot."""
+        if direction not in DIRECTIONS or when not in ("before", "after"):
+            raise ValueError(f"direction must be one of {DIRECTIONS}, when 'before' or 'after'")
+        with self._lock:
+            self._triggers.append(Trigger(direction, ftype, action, when, count))
+
+    def _fire(self, direction: str, data: bytes) -> tuple[list, list]:
+        """Triggers the frames in ``data`` set off: (before, after) lists of (action, frame)."""
+        if not self._triggers:
+            return [], []
+        fired: dict[str, list] = {"before": [], "after": []}
+        for f in self._watch[direction].feed(data):
+            with self._lock:
+                for t in list(self._triggers):
+                    if t.direction == direction and t.ftype == f.type:
+                        t.count -= 1
+                        if t.count == 0:
+                            self._triggers.remove(t)
+                            fired[t.when].append((t.action, f))
+        return fired["before"], fired["after"]
 
     def disconnect(self, drop_upstream: bool = False) -> None:
         """Close the host's connection (it sees EOF). With drop_upstream, the connection to the
@@ -180,12 +220,17 @@ class FaultProxy:
                         self._up = None
                     return
                 dst, direction = peers[s]
+                before, after = self._fire(direction, data)
+                for action, f in before:
+                    action(f)
                 data = self._mangle(direction, data)
                 if data:
                     try:
                         dst.sendall(data)
                     except OSError:
                         return
+                for action, f in after:
+                    action(f)
 
     def close(self) -> None:
         self._stop.set()

@@ -14,6 +14,7 @@ interpreter exit.
 from __future__ import annotations
 
 import atexit
+import json
 import shutil
 import socket
 import subprocess
@@ -50,7 +51,8 @@ def qemu_binary() -> str:
 def command(board: Board, elf: str | Path, port: int, *, icount_shift: int | None = DEFAULT_SHIFT,
             plugin: str | Path | None = None, markers: dict[str, int] | None = None,
             plugin_out: str | Path | None = None, log: str | Path | None = None,
-            semihosting: bool = True, reboot: bool = False) -> list[str]:
+            semihosting: bool = True, reboot: bool = False,
+            qmp: str | Path | None = None) -> list[str]:
     """The qemu-system-arm command line for ``board`` (its ``qemu`` table) running ``elf``."""
     cmd = [qemu_binary(), "-M", board.qemu.machine, "-nographic", "-monitor", "none",
            "-kernel", str(elf), *([] if reboot else ["-no-reboot"]),
@@ -68,6 +70,8 @@ def command(board: Board, elf: str | Path, port: int, *, icount_shift: int | Non
         cmd += ["-plugin", ",".join([str(plugin), *args]), "-d", "plugin"]
     if log is not None:
         cmd += ["-D", str(log)]
+    if qmp is not None:     # a control socket: Qemu.system_reset() (fault-injection campaigns)
+        cmd += ["-qmp", f"unix:{qmp},server=on,wait=off"]
     cmd += list(board.qemu.extra_args)
     return cmd
 
@@ -88,7 +92,7 @@ class Qemu:
     def __init__(self, image=None, *, board: Board | None = None, elf: str | Path | None = None,
                  markers: dict[str, int] | None = None, icount_shift: int | None = DEFAULT_SHIFT,
                  plugin: bool | str | Path = True, workdir: str | Path | None = None,
-                 semihosting: bool | None = None, reboot: bool = False):
+                 semihosting: bool | None = None, reboot: bool = False, qmp: bool = False):
         self.board = board or image.board
         self.elf = Path(elf or image.elf)
         self.markers = markers if markers is not None else (image.markers if image else {})
@@ -102,6 +106,8 @@ class Qemu:
         self.log = self.workdir / "qemu.log"
         self.icount_log = self.workdir / "icount.log"
         self.stdout = self.workdir / "qemu.stdout"
+        self.qmp_path = self.workdir / "qmp.sock" if qmp else None
+        self._qmp = None
         self.stderr = self.workdir / "qemu.stderr"
         if plugin is True:
             from kiln.firmware import plugin_path
@@ -124,7 +130,7 @@ class Qemu:
             cmd = command(self.board, self.elf, self.port, icount_shift=self.icount_shift,
                           plugin=self.plugin if self.markers else None, markers=self.markers,
                           plugin_out=self.icount_log, log=self.log, semihosting=self.semihosting,
-                          reboot=self.reboot)
+                          reboot=self.reboot, qmp=self.qmp_path)
             self.cmd = cmd
             out = open(self.stdout, "wb")
             err = open(self.stderr, "wb")
@@ -201,6 +207,36 @@ class Qemu:
                 return None
             time.sleep(0.005)
 
+    def system_reset(self) -> None:
+        """Reset the emulated board now, as a reset button would (needs ``qmp=True``; with
+        ``reboot=False`` QEMU exits instead)."""
+        if self.qmp_path is None:
+            raise QemuError("system_reset needs Qemu(..., qmp=True)")
+        if self._qmp is None:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(5.0)
+            s.connect(str(self.qmp_path))
+            self._qmp_sock = s
+            self._qmp = s.makefile("rwb", buffering=0)
+            self._qmp_call("qmp_capabilities", greeting=True)
+        self._qmp_call("system_reset")
+
+    def _qmp_call(self, command: str, greeting: bool = False) -> None:
+        f = self._qmp
+        if greeting:
+            f.readline()
+        f.write(json.dumps({"execute": command}).encode() + b"\n")
+        for _ in range(100):     # skip asynchronous events until the answer
+            line = f.readline()
+            if not line:
+                raise QemuError(f"QMP connection closed during {command}{self._logs()}")
+            msg = json.loads(line)
+            if "return" in msg:
+                return
+            if "error" in msg:
+                raise QemuError(f"QMP {command}: {msg['error']}{self._logs()}")
+        raise QemuError(f"QMP {command}: no answer among 100 messages{self._logs()}")
+
     def wait(self, timeout: float = 10.0) -> int:
         """Wait for QEMU to exit (e.g. after Device.exit()); returns its exit code."""
         try:
@@ -220,12 +256,13 @@ class Qemu:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(2)
-        for f in self._files:
+        for f in self._files + [x for x in (self._qmp, getattr(self, "_qmp_sock", None)) if x]:
             try:
                 f.close()
             except Exception:
                 pass
         self._files = []
+        self._qmp = self._qmp_sock = None
         _live.discard(self)
 
     @property

@@ -108,7 +108,7 @@ def flash_split(image):
 
 @dataclasses.dataclass
 class BoardRun:
-    outputs: list
+    outputs: list               # per inference: one array, or a list (one per model output)
     instructions: list          # per inference (exact under QEMU's plugin)
     instruction_source: str
     ticks: list
@@ -135,36 +135,80 @@ def _qemu_kw(image):
     return {"workdir": os.path.join(d, "qemu")} if os.access(d, os.W_OK) else None
 
 
-def run_on_board(image, pkg_dir, inputs, *, port=None, lab_map=None, progress=None):
-    """Send every input through the device; returns a BoardRun. ``progress`` is called after
-    each inference with (k, n)."""
+def sample_arrays(man, sample, k=0):
+    """One sample as a list of arrays, one per model input, cast to the manifest's dtypes and
+    shapes. A single-input model takes an array (or a one-element list); a model with several
+    inputs takes a list or tuple with one array per input."""
+    ins = man["inputs"]
+    if len(ins) == 1 and not (isinstance(sample, (list, tuple)) and len(sample) == 1
+                              and isinstance(sample[0], np.ndarray)):
+        sample = [sample]
+    if not isinstance(sample, (list, tuple)) or len(sample) != len(ins):
+        raise KilnError(f"sample {k}: the model takes {len(ins)} inputs "
+                        f"({', '.join(t['name'] for t in ins)}): give a list with one array each")
+    out = []
+    for x, t in zip(sample, ins):
+        x = np.asarray(x)
+        if x.size != int(np.prod(t["shape"] or [1])):
+            raise KilnError(f"sample {k}, input {t['name']}: {x.size} values, expected shape {t['shape']}")
+        out.append(np.ascontiguousarray(x.astype(t["dtype"]).reshape(t["shape"])))
+    return out
+
+
+def unpack_outputs(man, parts):
+    """Output bytes (one buffer per model output) -> one array, or a list of arrays."""
+    outs = [np.frombuffer(b, dtype=t["dtype"]).reshape(t["shape"]).copy()
+            for b, t in zip(parts, man["outputs"])]
+    return outs[0] if len(outs) == 1 else outs
+
+
+def same_outputs(a, b):
+    """Bit-exact comparison of two per-sample results (an array or a list of arrays)."""
+    a = a if isinstance(a, (list, tuple)) else [a]
+    b = b if isinstance(b, (list, tuple)) else [b]
+    return len(a) == len(b) and all(np.array_equal(np.asarray(x).reshape(-1), np.asarray(y).reshape(-1))
+                                    for x, y in zip(a, b))
+
+
+def invoke_budget(man, board):
+    """Seconds an inference may take on ``board`` before the harness gives up: 20 cycles per MAC
+    at the board's clock (Kiln's kernels need 1-10 instructions per MAC) plus 10 s."""
+    return 10.0 + 20.0 * man.get("macs", 0) / max(1, board.clock_hz)
+
+
+def run_on_board(image, pkg_dir, inputs, *, port=None, lab_map=None, progress=None, device_kw=None):
+    """Send every sample through the device (each one set-input/invoke/get-output transaction,
+    redone if the board resets); returns a BoardRun. A sample is one array for a single-input
+    model, else a list of arrays (one per input); each result likewise per output. Shapes and
+    dtypes come from the package's manifest.json. ``progress`` is called after each inference
+    with (k, n)."""
+    from kiln.boards.device import IOSpec
     from kiln.boards.target import open_device
-    with open(os.path.join(pkg_dir, "manifest.json")) as f:
-        man = json.load(f)
-    out_t = man["outputs"][0]
-    in_t = man["inputs"][0]
+    man = read_manifest(pkg_dir)
+    samples = [[x.tobytes() for x in sample_arrays(man, s, k)] for k, s in enumerate(inputs)]
+    kw = {"expect": IOSpec.from_manifest(man), "invoke_timeout": invoke_budget(man, image.board),
+          **(device_kw or {})}
     outs, insns, ticks = [], [], []
     t0 = time.time()
     src, hz = "none", 0
-    with open_device(image, port=port, lab_map=lab_map, qemu_kw=_qemu_kw(image)) as dev:
-        for k, x in enumerate(inputs):
-            x = np.ascontiguousarray(np.asarray(x).astype(in_t["dtype"]).reshape(in_t["shape"]))
-            y, res = dev.run(x.tobytes())
-            outs.append(np.frombuffer(y[:out_t["bytes"]], dtype=out_t["dtype"]).reshape(out_t["shape"]).copy())
+    with open_device(image, port=port, lab_map=lab_map, qemu_kw=_qemu_kw(image), **kw) as dev:
+        for k, parts in enumerate(samples):
+            got, res = dev.infer(parts)
+            outs.append(unpack_outputs(man, got))
             insns.append(res.instructions)
             ticks.append(res.ticks)
-            src, hz = res.instruction_source, res.timer_hz
+            src, hz = res.instruction_source or "none", res.timer_hz
             if progress:
-                progress(k + 1, len(inputs))
-        prof = dev.get_profile()
+                progress(k + 1, len(samples))
+        prof = dev.get_profile() if samples else None
         stack = dev.get_stack()
         stats = dataclasses.asdict(dev.stats)
-    cmds = man["commands"]
     profile = []
-    for i, c in enumerate(cmds):
+    for i, c in enumerate(man["commands"]):
         profile.append({"name": c["name"], "ops": c.get("ops"), "macs": c.get("macs", 0),
-                        "ticks": prof.ticks[i] if i < len(prof.ticks) else None,
-                        "instructions": (prof.instructions[i] if prof.instructions and i < len(prof.instructions) else None)})
+                        "ticks": prof.ticks[i] if prof and i < len(prof.ticks) else None,
+                        "instructions": (prof.instructions[i] if prof and prof.instructions
+                                         and i < len(prof.instructions) else None)})
     sizes = image.sizes.to_dict() if hasattr(image.sizes, "to_dict") else dict(vars(image.sizes))
     split = flash_split(image)
     if split is not None:
@@ -175,6 +219,35 @@ def run_on_board(image, pkg_dir, inputs, *, port=None, lab_map=None, progress=No
 
 
 def reference_outputs(graph, inputs):
-    """int8 (or float) reference executor outputs, one per input."""
+    """int8 (or float) reference executor outputs, one per sample (an array, or a list of
+    arrays for a model with several outputs); a sample is as for :func:`run_on_board`."""
     from kiln.frontend import run
-    return [run(graph, np.asarray(x).reshape(graph.types[graph.inputs[0]].shape))[0] for x in inputs]
+    types = [graph.types[n] for n in graph.inputs]
+    res = []
+    for k, sample in enumerate(inputs):
+        if len(types) == 1 and not (isinstance(sample, (list, tuple)) and len(sample) == 1
+                                    and isinstance(sample[0], np.ndarray)):
+            sample = [sample]
+        if len(sample) != len(types):
+            raise KilnError(f"sample {k}: the model takes {len(types)} inputs, got {len(sample)}")
+        outs = run(graph, *[np.asarray(x).reshape(t.shape) for x, t in zip(sample, types)])
+        res.append(outs[0] if len(outs) == 1 else list(outs))
+    return res
+
+
+def fake_board(pkg_dir, **kw):
+    """A kiln.boards.fake.FakeBoard serving the compiled package ``pkg_dir`` (its C run on the
+    host): a stand-in real board for ``kiln run --port`` and the harness's tests. DWT-style
+    ticks (2 cycles per MAC), no instruction counts. kw go to FakeBoard (mode=, seed=, ...)."""
+    from kiln.backends.host import HostModel
+    from kiln.boards.fake import FakeBoard
+    man = read_manifest(pkg_dir)
+    host = HostModel(pkg_dir)
+
+    def model(parts):
+        arrays = [np.frombuffer(b, t["dtype"]).reshape(t["shape"]) for b, t in zip(parts, man["inputs"])]
+        return [np.ascontiguousarray(o).tobytes() for o in host.run(*arrays)]
+    kw.setdefault("command_cycles", [max(1, 2 * c.get("macs", 0)) for c in man["commands"]])
+    kw.setdefault("arena_bytes", man["arena_bytes"])
+    return FakeBoard([t["bytes"] for t in man["inputs"]], [t["bytes"] for t in man["outputs"]],
+                     model, **kw)

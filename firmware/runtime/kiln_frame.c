@@ -129,3 +129,29 @@ size_t kiln_frame_encode(uint8_t *out, uint8_t type, uint8_t seq, const uint8_t 
                  kiln_crc32(0, out + 2, (size_t)(KILN_HEADER_BYTES - 2 + len)));
     return (size_t)(KILN_HEADER_BYTES + len + KILN_TRAILER_BYTES);
 }
+
+uint16_t kiln_parser_pending(const kiln_parser_t *p)
+{
+    return (uint16_t)(p->n - p->consumed);
+}
+
+kiln_rx_event_t kiln_parser_expire(kiln_parser_t *p, kiln_frame_t *out)
+{
+    if (p->consumed) {
+        drop(p, p->consumed);
+        p->consumed = 0;
+    }
+    kiln_rx_event_t ev = KILN_RX_NONE;
+    const uint8_t *b = p->buf;
+    if (p->n >= KILN_HEADER_BYTES && b[0] == KILN_SYNC0 && b[1] == KILN_SYNC1 &&
+        kiln_crc8(b + 2, 4) == b[6]) {
+        out->type = b[4];
+        out->seq = b[5];
+        out->len = kiln_get_u16(b + 2);
+        out->payload = b + KILN_HEADER_BYTES;
+        ev = KILN_RX_GAP;
+    }
+    p->resyncs += p->n;
+    p->n = 0;
+    return ev;
+}

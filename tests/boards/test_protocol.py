@@ -1,5 +1,5 @@
 """Host-side framing: encode/decode, resynchronisation, and agreement with the C codec."""
-import random
+import re
 import shutil
 import subprocess
 import zlib
@@ -98,8 +98,87 @@ def test_c_codec_matches_python(tmp_path):
 
 def test_payload_layouts():
     import struct
-    info = P.Info.unpack(struct.pack("<8I4B", 112, 640, 10, 2, 25_000_000, 25_000_000, 8192,
-                                     0x20000000, 2, 1, 1, 0) + b"mps2-an386\0cortex-m4\0abc\0")
-    assert (info.timer, info.board, info.core, info.build_id) == ("systick", "mps2-an386", "cortex-m4", "abc")
-    r = P.InvokeResult.unpack(struct.pack("<iQIBB", 0, 1000, 25_000_000, 2, 3))
-    assert (r.ticks, r.timer, r.marks) == (1000, "systick", 3) and r.seconds == pytest.approx(4e-5)
+    info = P.Info(112, 700, 610, 2, 25_000_000, 25_000_000, 8192, 0x20000000, "systick", True, P.VERSION,
+                  "mps2-an386", "cortex-m4", "abc", (300, 400), (10, 600))
+    p = info.pack()
+    assert len(p) == P.INFO_FIXED.size + 16 + len(b"mps2-an386\0cortex-m4\0abc\0")
+    assert P.Info.unpack(p) == info
+    r = P.InvokeResult.unpack(struct.pack("<IiQIBB", 77, 0, 1000, 25_000_000, 2, 3))
+    assert (r.invocation, r.ticks, r.timer, r.marks) == (77, 1000, "systick", 3)
+    assert r.seconds == pytest.approx(4e-5)
+    c = P.ProfileChunk.unpack(struct.pack("<I4H2Q", 9, 4, 2, 7, 7, 10, 20))
+    assert (c.invocation, c.first, c.total, c.stamps) == (9, 4, 7, (10, 20))
+    assert P.Hello.unpack(struct.pack("<HIHI", P.VERSION, 5, 512, 3)) == P.Hello(P.VERSION, 5, 512, 3)
+    assert P.Nak.unpack(struct.pack("<IBB", 1, 6, 3)).name == "SESSION"
+
+
+@pytest.mark.parametrize("what,payload,message", [
+    ("hello", b"\x02\x00\x01", "HELLO reply has 3 bytes, expected 12"),
+    ("hello", bytes([2, 0]) + bytes(510), "HELLO reply has 512 bytes, expected 12"),
+    ("info", bytes(20), "INFO reply has 20 bytes, expected at least 40"),
+    ("info", bytes(36) + b"\x00\x00\x01\x00", "reports 0 inputs and 1 outputs"),
+    ("info", bytes(36) + b"\x01\x00\x01\x00" + bytes(4), "INFO reply has 44 bytes, expected at least 48"),
+    ("info", bytes(36) + b"\x01\x00\x01\x00" + bytes(8) + b"board", "not NUL-terminated"),
+    ("invoke", bytes(10), "INVOKE reply has 10 bytes, expected 22"),
+    ("profile", b"\x00" * 12 + bytes(8), "GET_PROFILE reply with 0 stamps has 20 bytes, expected 12"),
+    ("profile", bytes(4) + b"\x00\x00\x03\x00\x04\x00\x00\x00" + bytes(8),
+     "GET_PROFILE reply with 3 stamps has 20 bytes, expected 36"),
+    ("boot", bytes(3), "BOOT frame has 3 bytes, expected 6"),
+    ("nak", bytes(2), "NAK frame has 2 bytes, expected 6"),
+    ("fault", bytes(47), "FAULT frame has 47 bytes, expected 48"),
+])
+def test_malformed_payloads_name_the_field(what, payload, message):
+    cls = {"hello": P.Hello, "info": P.Info, "invoke": P.InvokeResult, "profile": P.ProfileChunk,
+           "boot": P.Boot, "nak": P.Nak, "fault": P.Fault}[what]
+    with pytest.raises(P.ProtocolError, match=re.escape(message)):
+        cls.unpack(payload)
+
+
+def test_hello_of_another_version_is_still_readable():
+    """HELLO's layout is frozen: a newer board's longer HELLO still yields its version."""
+    import struct
+    h = P.Hello.unpack(struct.pack("<HIHI", 9, 1, 512, 1) + b"future")
+    assert h.version == 9
+
+
+def test_decoder_knows_a_frame_that_stopped_half_way():
+    d = P.Decoder()
+    f = P.encode(P.T.ECHO, 1, b"0123456789")
+    assert d.feed(f[:-3]) == [] and d.in_frame()
+    d.discard()
+    assert not d.in_frame() and d.feed(f) and d.skipped == len(f) - 3
+
+
+EXPIRE_C = r"""
+#include <stdio.h>
+#include "kiln_frame.h"
+int main(void) {
+    unsigned char f[64];
+    kiln_parser_t p; kiln_frame_t fr;
+    size_t n = kiln_frame_encode(f, 0x03, 42, (const unsigned char *)"0123456789", 10);
+    kiln_parser_init(&p);
+    for (size_t i = 0; i + 1 < n; i++) { kiln_parser_push(&p, f[i]); while (kiln_parser_next(&p, &fr)) {} }
+    printf("%u ", kiln_parser_pending(&p));
+    int ev = kiln_parser_expire(&p, &fr);
+    printf("%d %u %u %u ", ev, fr.type, fr.seq, kiln_parser_pending(&p));
+    for (size_t i = 0; i < n; i++) kiln_parser_push(&p, f[i]);   /* the retransmission parses cleanly */
+    printf("%d %u\n", (int)kiln_parser_next(&p, &fr), fr.len);
+    kiln_parser_push(&p, 0xA5); kiln_parser_push(&p, 0x5A);       /* no header yet: nothing to NAK */
+    printf("%d\n", (int)kiln_parser_expire(&p, &fr));
+    return 0;
+}
+"""
+
+
+def test_c_parser_inter_byte_timeout(tmp_path):
+    """kiln_parser_expire drops a frame cut short, reports its header (NAK GAP), and the
+    retransmission that follows parses at once."""
+    if not shutil.which("gcc"):
+        pytest.skip("no host gcc")
+    src = tmp_path / "e.c"
+    src.write_text(EXPIRE_C)
+    rt = FIRMWARE_DIR / "runtime"
+    subprocess.run(["gcc", "-O1", f"-I{rt}", str(src), str(rt / "kiln_frame.c"), "-o", str(tmp_path / "e")],
+                   check=True)
+    out = subprocess.run([str(tmp_path / "e")], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["20", "4", "3", "42", "0", "1", "10", "0"]
