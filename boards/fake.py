@@ -146,7 +146,10 @@ class FakeBoard:
     # ---- serving -------------------------------------------------------------------------
     def _serve(self) -> None:
         while not self._stop.is_set():
-            r, _, _ = select.select([self._server], [], [], 0.05)
+            try:
+                r, _, _ = select.select([self._server], [], [], 0.05)
+            except (OSError, ValueError):      # closed under us
+                return
             if not r:
                 continue
             try:
@@ -343,11 +346,11 @@ class FakeBoard:
     # ---- lifetime ------------------------------------------------------------------------
     def close(self) -> None:
         self._stop.set()
+        self._thread.join(5)
         try:
             self._server.close()
         except OSError:
             pass
-        self._thread.join(2)
 
     def __enter__(self) -> "FakeBoard":
         return self

@@ -238,7 +238,7 @@ def reference_outputs(graph, inputs):
 def fake_board(pkg_dir, **kw):
     """A kiln.boards.fake.FakeBoard serving the compiled package ``pkg_dir`` (its C run on the
     host): a stand-in real board for ``kiln run --port`` and the harness's tests. DWT-style
-    ticks (2 cycles per MAC), no instruction counts. kw go to FakeBoard (mode=, seed=, ...)."""
+    ticks (100 cycles + 2 per MAC per command), no instruction counts. kw go to FakeBoard (mode=, seed=, ...)."""
     from kiln.backends.host import HostModel
     from kiln.boards.fake import FakeBoard
     man = read_manifest(pkg_dir)
@@ -247,7 +247,7 @@ def fake_board(pkg_dir, **kw):
     def model(parts):
         arrays = [np.frombuffer(b, t["dtype"]).reshape(t["shape"]) for b, t in zip(parts, man["inputs"])]
         return [np.ascontiguousarray(o).tobytes() for o in host.run(*arrays)]
-    kw.setdefault("command_cycles", [max(1, 2 * c.get("macs", 0)) for c in man["commands"]])
+    kw.setdefault("command_cycles", [100 + 2 * c.get("macs", 0) for c in man["commands"]])
     kw.setdefault("arena_bytes", man["arena_bytes"])
     return FakeBoard([t["bytes"] for t in man["inputs"]], [t["bytes"] for t in man["outputs"]],
                      model, **kw)

@@ -13,4 +13,5 @@ def test_fuzz_parser_and_command_loop(tmp_path):
     stats = run_fuzzer(exe, iterations=100_000, seed=20240611, timeout=180)
     assert stats["iterations"] == 100_000
     assert stats["exact"] == 25_000
+    assert stats["transactions"] == 25_000        # whole transactions, replies checked
     assert stats["reply_frames"] > 100_000          # the firmware answered a lot of them
