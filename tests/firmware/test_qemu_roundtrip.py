@@ -125,12 +125,15 @@ def _raw(dev, ftype, body, session=None):
     from kiln.boards.protocol import Decoder, T, encode
     s = dev.session if session is None else session
     port = dev._link.port
-    port.write(encode(ftype, 200, s.to_bytes(4, "little") + body))
-    d, deadline = Decoder(), time.monotonic() + 3
-    while time.monotonic() < deadline:
-        for f in d.feed(port.read(64)):
-            if f.seq == 200 and f.type != T.ACK:
-                return f
+    frame = encode(ftype, 200, s.to_bytes(4, "little") + body)
+    d = Decoder()
+    for _ in range(5):          # retransmitted on silence, like the Device (same frame)
+        port.write(frame)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            for f in d.feed(port.read(64)):
+                if f.seq == 200 and f.type != T.ACK:
+                    return f
     raise AssertionError(f"no reply to {ftype!r}")
 
 
