@@ -6,8 +6,9 @@
     ('cortex-m4', 'sp', '0x40004000')
 
 Adding a board means adding ``<name>.toml`` next to this file (see docs/firmware.md).
-The harness (``device``, ``protocol``, ``qemu``, ``proxy``, ``labmap``) is imported lazily by
-callers; this module only loads board data.
+The harness (``device`` over ``link`` and ``protocol``, ``errors``, ``qemu``, ``proxy``,
+``labmap``, and for testing it ``fake`` and ``campaign``) is imported lazily by callers; this
+module only loads board data.
 """
 from __future__ import annotations
 

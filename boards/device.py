@@ -368,6 +368,9 @@ class Device:
                               f"output of")
         if index is None:
             return b"".join(self.get_output(k) for k in range(len(info.output_sizes)))
+        if not 0 <= index < len(info.output_sizes):
+            raise DeviceError(f"{self.url}: output {index}: the board's model has "
+                              f"{len(info.output_sizes)} outputs")
         inv, size, out = self._invocation, info.output_sizes[index], bytearray()
 
         def send(off: int, n: int, retries: int | None) -> None:

@@ -26,7 +26,8 @@ def _register():
     except ImportError:
         return
     for name in boards.board_names():
-        register_target(Target(name, _runner(name), exact=True, description=f"firmware on board {name}"))
+        register_target(Target(name, _runner(name), exact=True, multi_io=True,
+                               description=f"firmware on board {name}"))
 
 
 _register()

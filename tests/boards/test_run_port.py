@@ -160,3 +160,23 @@ def test_run_on_board_takes_and_returns_one_array_per_input_and_output(packages,
     ref = hil.reference_outputs(hil.package_graph(one), [x])[0]
     assert all(isinstance(o, np.ndarray) and np.array_equal(o, ref) for o in res.outputs)
     assert os.path.exists(os.path.join(one, "manifest.json"))
+
+
+@pytest.mark.qemu
+def test_verify_a_two_input_two_output_model_on_a_board(packages, tmp_path):
+    """kiln verify on a board with golden pairs in_K_J / out_K_J: every input set by index,
+    every output read by index, each compared bit-exactly."""
+    helpers.need_qemu()
+    from kiln.commands.verify import verify
+    pkg = packages["two"]
+    rng = np.random.default_rng(5)
+    xs = [[rng.integers(-128, 128, (1, 8, 8, 2)).astype(np.int8) for _ in range(2)] for _ in range(3)]
+    ref = hil.reference_outputs(hil.package_graph(pkg), xs)
+    arrays = {}
+    for k, (x, y) in enumerate(zip(xs, ref)):
+        for j in range(2):
+            arrays[f"in_{k}_{j}"], arrays[f"out_{k}_{j}"] = x[j], y[j]
+    gold = tmp_path / "g.npz"
+    np.savez(gold, **arrays)
+    rep = verify(pkg, str(gold), "mps2-an386", options={"out": str(tmp_path / "b")})
+    assert rep["ok"] and rep["matched"] == rep["pairs"] == 3
