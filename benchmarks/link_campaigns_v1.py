@@ -79,7 +79,6 @@ if which == "random":
             except Exception: pass
         tally("random resets, BOOT lost half the time (v1)", outs, time.monotonic() - t0)
 elif which == "targeted":
-    import kiln.boards.device as D
     os.environ["QMP"] = "/tmp/kiln-v1-qmp2.sock"
     # (name, frame type on the wire to the board or from it, nth, drop the BOOT)
     scen = [("GET_OUTPUT", 0x05, "dev", 1, False), ("GET_OUTPUT", 0x05, "dev", 1, True), ("INVOKE", 0x04, "dev", 1, True),

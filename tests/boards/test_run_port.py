@@ -11,7 +11,7 @@ import pytest
 import kiln.quantize  # noqa: F401  (int8 references)
 from kiln import hil
 from kiln.cli import main
-from kiln.frontend import Graph, QParams, TensorType, save
+from kiln.frontend import Graph, QParams, TensorType
 
 from tests.firmware import helpers
 
@@ -138,7 +138,6 @@ def test_run_on_board_takes_and_returns_one_array_per_input_and_output(packages,
     single-input model keeps taking and returning plain arrays."""
     helpers.need_toolchain()
     from kiln.backends.host import HostModel
-    from kiln.boards.target import open_device  # noqa: F401  (the path run_on_board takes)
     pkg = packages["two"]
     image, _ = hil.build_for_board(pkg, "mps2-an386", str(tmp_path))
     rng = np.random.default_rng(1)
