@@ -1,8 +1,8 @@
 """Fault-injection campaigns of the serial harness at full size (boards/campaign.py), printed as
 the Markdown table in docs/benchmarks.md ("Board link: fault injection").
 
-    .venv/bin/python benchmarks/link_campaigns.py                 # everything (~15 minutes)
-    .venv/bin/python benchmarks/link_campaigns.py --only noisy-kws --sessions 3
+    .venv/bin/python benchmarks/link_campaigns.py --shared DIR    # everything (~15 minutes)
+    .venv/bin/python benchmarks/link_campaigns.py --only noisy-kws --shared DIR --sessions 3
 
 Campaigns: every fake-board misbehaviour; resets set off by chosen frames on the wire (QEMU,
 the tiny_dense fixture); resets at random moments with the BOOT frame lost half the time; 1%
@@ -52,11 +52,16 @@ def kws(shared):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--shared", default=os.environ.get("KILN_SHARED", "/work/shared"))
-    p.add_argument("--only", default=None, help="fake | targeted | random | noisy-fixture | noisy-kws")
-    p.add_argument("--trials", type=int, default=1500, help="random-reset trials")
-    p.add_argument("--sessions", type=int, default=10, help="noisy-link sessions of 10 inferences")
+    p.add_argument("--shared", default=os.environ.get("KILN_SHARED"),
+                   help="folder with models/kws_ref_model.tflite (default: $KILN_SHARED)")
+    p.add_argument("--only", default=None, choices=["fake", "targeted", "random", "noisy-fixture", "noisy-kws"],
+                   help="run one campaign only")
+    p.add_argument("--trials", type=int, default=1500, help="random-reset trials (default: 1500)")
+    p.add_argument("--sessions", type=int, default=10,
+                   help="noisy-link sessions of 10 inferences each (default: 10)")
     args = p.parse_args(argv)
+    if (args.only in (None, "noisy-kws")) and not args.shared:
+        p.error("the keyword-spotting campaign needs --shared DIR (or KILN_SHARED) with models/kws_ref_model.tflite")
     rows, notes = [], []
     todo = [args.only] if args.only else ["fake", "targeted", "random", "noisy-fixture", "noisy-kws"]
     fx = fixture() if set(todo) & {"targeted", "random", "noisy-fixture"} else None

@@ -17,10 +17,12 @@ them big for docs/benchmarks.md.
 from __future__ import annotations
 
 import random
+import tempfile
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from contextlib import contextmanager
 from typing import Callable, Sequence
 
 from .device import Device, IOSpec
@@ -161,6 +163,14 @@ def fake_board_campaign(trials: int = 2, modes: Sequence[str] | None = None, see
 
 
 # ---- QEMU: resets ----------------------------------------------------------------------------
+@contextmanager
+def _qemu(image, **kw):
+    """A Qemu whose logs (and QMP socket) live in a temporary folder removed afterwards."""
+    from .qemu import Qemu
+    with tempfile.TemporaryDirectory(prefix="kiln-campaign-") as d, Qemu(image, workdir=d, **kw) as q:
+        yield q
+
+
 def _qemu_device(q, px, sizes, **kw) -> Device:
     return Device.open(px.url, log_path=str(q.stderr), expect=IOSpec(*sizes), **kw)
 
@@ -172,10 +182,9 @@ def reset_campaign(image, reference: Reference, input_sizes: Sequence[int],
     """One QEMU board (rebooting), one Device, ``trials`` inferences; during each, a reset at a
     random moment in [0, max_delay] s, its BOOT frame dropped with probability ``boot_loss``."""
     from .proxy import FaultProxy
-    from .qemu import Qemu
     rng = random.Random(seed)
     tally = Tally(name)
-    with Qemu(image, reboot=True, qmp=True) as q, FaultProxy(q.port, seed=seed) as px:
+    with _qemu(image, reboot=True, qmp=True) as q, FaultProxy(q.port, seed=seed) as px:
         dev = _qemu_device(q, px, (tuple(input_sizes), tuple(output_sizes)), timeout=0.5)
         try:
             for k in range(trials):
@@ -229,9 +238,8 @@ def targeted_resets(image, reference: Reference, input_sizes: Sequence[int],
                     hard_timeout: float = 120.0) -> Tally:
     """Each scenario of SCENARIOS ``repeat`` times: a reset set off by a frame on the wire."""
     from .proxy import FaultProxy
-    from .qemu import Qemu
     tally = Tally("targeted resets")
-    with Qemu(image, reboot=True, qmp=True) as q, FaultProxy(q.port, seed=seed) as px:
+    with _qemu(image, reboot=True, qmp=True) as q, FaultProxy(q.port, seed=seed) as px:
         dev = _qemu_device(q, px, (tuple(input_sizes), tuple(output_sizes)), timeout=0.5, chunk=256)
         try:
             for r in range(repeat):
@@ -265,12 +273,11 @@ def noisy_link_campaign(image, reference: Reference, input_sizes: Sequence[int],
     ``loss`` in both directions, run ``inferences`` inferences. seconds = the whole sessions,
     handshake included; ``tally.session_seconds`` lists each session's."""
     from .proxy import FaultProxy
-    from .qemu import Qemu
     tally = Tally(f"noisy link, {loss:.1%} byte loss both ways")
     tally.session_seconds = []
     rng = random.Random(seed)
     for s in range(sessions):
-        with Qemu(image) as q, FaultProxy(q.port, seed=seed * 7919 + s) as px:
+        with _qemu(image) as q, FaultProxy(q.port, seed=seed * 7919 + s) as px:
             for d in ("to_device", "to_host"):
                 px.set_faults(d, drop=loss)
             t0 = time.monotonic()
