@@ -31,15 +31,15 @@ from kiln import hil  # noqa: E402
 from kiln.boards import campaign as C  # noqa: E402
 
 
-def fixture():
+def fixture(tmp):
     from kiln.firmware import build
-    image = build(tiny.PKG, "mps2-an386", tempfile.mkdtemp(prefix="kiln-campaign-fw-"))
+    image = build(tiny.PKG, "mps2-an386", os.path.join(tmp, "fixture"))
     return image, (lambda xs: [tiny.reference(np.frombuffer(xs[0], np.int8)).tobytes()]), ([640], [10])
 
 
-def kws(shared):
+def kws(shared, tmp):
     from kiln.backends.host import HostModel
-    out = tempfile.mkdtemp(prefix="kiln-campaign-kws-")
+    out = os.path.join(tmp, "kws")
     image, pkg = hil.build_for_board(os.path.join(shared, "models", "kws_ref_model.tflite"), "mps2-an386", out)
     man = hil.read_manifest(pkg)
     host = HostModel(pkg)
@@ -62,9 +62,14 @@ def main(argv=None):
     args = p.parse_args(argv)
     if (args.only in (None, "noisy-kws")) and not args.shared:
         p.error("the keyword-spotting campaign needs --shared DIR (or KILN_SHARED) with models/kws_ref_model.tflite")
+    with tempfile.TemporaryDirectory(prefix="kiln-campaigns-") as tmp:
+        run_campaigns(args, tmp)
+
+
+def run_campaigns(args, tmp):
     rows, notes = [], []
     todo = [args.only] if args.only else ["fake", "targeted", "random", "noisy-fixture", "noisy-kws"]
-    fx = fixture() if set(todo) & {"targeted", "random", "noisy-fixture"} else None
+    fx = fixture(tmp) if set(todo) & {"targeted", "random", "noisy-fixture"} else None
     for name in todo:
         t0 = time.monotonic()
         if name == "fake":
@@ -75,7 +80,7 @@ def main(argv=None):
             t = C.reset_campaign(fx[0], fx[1], *fx[2], trials=args.trials, seed=6,
                                  name="random resets, BOOT lost half the time")
         else:
-            image, ref, io = fx if name == "noisy-fixture" else kws(args.shared)
+            image, ref, io = fx if name == "noisy-fixture" else kws(args.shared, tmp)
             t = C.noisy_link_campaign(image, ref, *io, loss=0.01, inferences=10, sessions=args.sessions,
                                       seed=7)
             label = "tiny_dense, 640 B input" if name == "noisy-fixture" else "kws_ref_model, 490 B input"
