@@ -2,8 +2,11 @@
 
 An :class:`OpDef` holds everything Kiln knows about one op: its attribute schema, shape/dtype
 rule, NumPy float reference and VJP (filled in ``frontend/ops``), and the rules other folders own
-(``int8_ref`` from ``quantize/``, ``lower`` from ``backends/``). A missing rule raises a
-``NotImplementedError`` naming the rule and the op, never a bare ``KeyError``.
+(``int8_ref`` from ``quantize/``, ``lower`` from ``backends/``: a backend's overrides). ``te`` is
+the op's one float lowering, a TVM TE compute shared by every backend (the backends import TVM
+and pass the helper module ``frontend/ops/_te.py`` in as ``T``), ``macs`` its multiply-accumulate
+count. A missing rule raises a ``NotImplementedError`` naming the rule and the op, never a bare
+``KeyError``.
 """
 from __future__ import annotations
 
@@ -74,6 +77,8 @@ class OpDef:
     arity: int | None = None            # number of inputs (None: variadic)
     doc: str = ""
     quant: Quant | None = None          # how PTQ quantises it (None: no int8 form)
+    te: Callable | None = None          # (T, xs, attrs, out_type) -> te.Tensor  float lowering (TE)
+    macs: Callable | None = None        # (in_types, out_type, attrs) -> int      MACs of one node
 
     def rule(self, name):
         fn = getattr(self, name)
@@ -108,7 +113,7 @@ class OpDef:
 
 
 _RULE_NAMES = {"infer": "shape rule", "ref": "NumPy reference", "vjp": "VJP",
-               "int8_ref": "int8 reference"}
+               "int8_ref": "int8 reference", "te": "TE lowering", "macs": "MAC count"}
 
 OPS: dict[str, OpDef] = {}
 

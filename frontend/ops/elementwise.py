@@ -2,12 +2,15 @@
 
 Non-differentiable points follow PyTorch: relu'(0) = 0; relu6' is 0 at 0 and at 6;
 maximum/minimum split the gradient equally between tied operands; sqrt'(0) = inf.
+
+Each op's ``te`` rule (its float lowering, ``frontend/ops/_te.py``) computes in the accumulation
+dtype (float32 for 16-bit storage) and casts the result to the output's storage dtype.
 """
 import numpy as np
 
 from .. import functional as F
 from ..errors import ShapeError
-from ..registry import BINARY, ELEMENTWISE, NONDIFF, QUANTIZABLE, UNARY, Attr, Quant, register
+from ..registry import BINARY, ELEMENTWISE, NONDIFF, QUANTIZABLE, UNARY, Attr, Quant, defrule, get_op, register
 from ..types import DTYPES
 from ._util import bshape, need_float, same_dtype, tt
 
@@ -19,26 +22,40 @@ def _unary_infer(name):
     return infer
 
 
-def _unary(name, ref, vjp, props=(), doc="", quant=None):
-    register(name, infer=_unary_infer(name), ref=lambda xs, a: ref(xs[0]).astype(xs[0].dtype, copy=False),
-             vjp=vjp, props={ELEMENTWISE, UNARY, *props}, arity=1, doc=doc, quant=quant)
+def unary_te(name, f):
+    """TE rule of a unary op: ``f(T, v, attrs)`` on each element, in the accumulation dtype."""
+    def rule(T, xs, a, out):
+        x = xs[0]
+        ad = T.acc_dtype(x.dtype)
+        return T.te.compute(T.shape(x), lambda *i: T.cast(f(T, T.cast(x(*i), ad), a), out.dtype), name=name)
+    return rule
 
 
-_unary("neg", np.negative, lambda n, xs, y, gy: [-gy], doc="-x")
-_unary("exp", np.exp, lambda n, xs, y, gy: [gy * y], doc="e**x (VJP reads the output)")
-_unary("log", np.log, lambda n, xs, y, gy: [gy / xs[0]], doc="natural logarithm")
-_unary("sqrt", np.sqrt, lambda n, xs, y, gy: [gy / (y * 2.0)], doc="square root; gradient inf at 0 (as torch)")
-_unary("tanh", np.tanh, lambda n, xs, y, gy: [gy * (1.0 - y * y)], props={QUANTIZABLE},
-       doc="hyperbolic tangent (VJP reads the output)", quant=Quant("fixed", (1.0 / 128, 0)))
+def _unary(name, ref, vjp, te, props=(), doc="", quant=None):
+    op = register(name, infer=_unary_infer(name), ref=lambda xs, a: ref(xs[0]).astype(xs[0].dtype, copy=False),
+                  vjp=vjp, props={ELEMENTWISE, UNARY, *props}, arity=1, doc=doc, quant=quant)
+    op.te = unary_te(name, te)
+
+
+_unary("neg", np.negative, lambda n, xs, y, gy: [-gy], lambda T, v, a: -v, doc="-x")
+_unary("exp", np.exp, lambda n, xs, y, gy: [gy * y], lambda T, v, a: T.te.exp(v), doc="e**x (VJP reads the output)")
+_unary("log", np.log, lambda n, xs, y, gy: [gy / xs[0]], lambda T, v, a: T.te.log(v), doc="natural logarithm")
+_unary("sqrt", np.sqrt, lambda n, xs, y, gy: [gy / (y * 2.0)], lambda T, v, a: T.te.sqrt(v),
+       doc="square root; gradient inf at 0 (as torch)")
+_unary("tanh", np.tanh, lambda n, xs, y, gy: [gy * (1.0 - y * y)], lambda T, v, a: T.te.tanh(v),
+       props={QUANTIZABLE}, doc="hyperbolic tangent (VJP reads the output)", quant=Quant("fixed", (1.0 / 128, 0)))
 _unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)), lambda n, xs, y, gy: [gy * (y * (1.0 - y))],
+       lambda T, v, a: T.c(1, T.dt(v)) / (T.c(1, T.dt(v)) + T.te.exp(-v)),
        props={QUANTIZABLE}, doc="logistic 1 / (1 + e**-x) (VJP reads the output)", quant=Quant("fixed", (1.0 / 256, -128)))
 # relu/relu6 VJPs read the output (y > 0 exactly when x > 0), as torch's threshold_backward does:
 # the pre-activation then dies with the forward pass instead of living until the backward.
 _unary("relu", lambda x: np.maximum(x, 0), lambda n, xs, y, gy: [F.where(y > 0.0, gy, 0.0)],
-       props={QUANTIZABLE}, doc="max(x, 0); gradient 0 at 0 (as torch)", quant=Quant())
+       lambda T, v, a: T.act(v, "relu"), props={QUANTIZABLE}, doc="max(x, 0); gradient 0 at 0 (as torch)",
+       quant=Quant())
 _unary("relu6", lambda x: np.minimum(np.maximum(x, 0), 6),
        lambda n, xs, y, gy: [F.where(F.logical_and(y > 0.0, y < 6.0), gy, 0.0)],
-       props={QUANTIZABLE}, doc="min(max(x, 0), 6); gradient 0 at 0 and 6 (as torch)", quant=Quant())
+       lambda T, v, a: T.act(v, "relu6"), props={QUANTIZABLE},
+       doc="min(max(x, 0), 6); gradient 0 at 0 and 6 (as torch)", quant=Quant())
 
 
 def _pow_ref(xs, a):
@@ -56,8 +73,24 @@ def _pow_vjp(n, xs, y, gy):
     return [gy * (F.pow(xs[0], p - 1) * float(p))]
 
 
+def _pow_te(T, v, a):
+    p = float(a["exponent"])
+    if p == 2.0:
+        return v * v
+    if p == 1.0:
+        return v
+    if p == 0.0:
+        return T.c(1, T.dt(v))
+    if p == 0.5:
+        return T.te.sqrt(v)
+    if p == -1.0:
+        return T.c(1, T.dt(v)) / v
+    return T.te.power(v, T.c(p, T.dt(v)))
+
+
 register("pow", attrs={"exponent": Attr("float", 2.0)}, infer=_unary_infer("pow"), ref=_pow_ref,
          vjp=_pow_vjp, props={ELEMENTWISE, UNARY}, arity=1, doc="x ** exponent (a constant)")
+get_op("pow").te = unary_te("pow", _pow_te)
 
 
 # ---- binary -----------------------------------------------------------------------------------
@@ -68,22 +101,36 @@ def _binary_infer(name, out_dtype=None):
     return infer
 
 
-def _binary(name, ref, vjp, props=(), quant=None):
-    register(name, infer=_binary_infer(name), ref=lambda xs, a: ref(xs[0], xs[1]).astype(xs[0].dtype, copy=False),
-             vjp=vjp, props={ELEMENTWISE, BINARY, *props}, arity=2, quant=quant,
-             doc=f"elementwise {name}, NumPy broadcasting" + ("; a tie splits the gradient equally (as torch)"
-                                                             if name in ("maximum", "minimum") else ""))
+def binary_te(name, f):
+    """TE rule of a binary op with NumPy broadcasting: ``f(T, a, b)`` in the accumulation dtype."""
+    def rule(T, xs, a, out):
+        x, y = xs
+        shape = out.shape
+        ad = T.acc_dtype(x.dtype)
+        return T.te.compute(shape, lambda *i: T.cast(f(T, T.cast(T.bidx(x, shape, i), ad),
+                                                       T.cast(T.bidx(y, shape, i), ad)), out.dtype), name=name)
+    return rule
+
+
+def _binary(name, ref, vjp, te, props=(), quant=None):
+    op = register(name, infer=_binary_infer(name), ref=lambda xs, a: ref(xs[0], xs[1]).astype(xs[0].dtype, copy=False),
+                  vjp=vjp, props={ELEMENTWISE, BINARY, *props}, arity=2, quant=quant,
+                  doc=f"elementwise {name}, NumPy broadcasting" + ("; a tie splits the gradient equally (as torch)"
+                                                                  if name in ("maximum", "minimum") else ""))
+    op.te = binary_te(name, te)
 
 
 def _ub(g, x):
     return F.unbroadcast(g, x.shape)
 
 
-_binary("add", np.add, lambda n, xs, y, gy: [_ub(gy, xs[0]), _ub(gy, xs[1])], props={QUANTIZABLE}, quant=Quant())
-_binary("sub", np.subtract, lambda n, xs, y, gy: [_ub(gy, xs[0]), _ub(-gy, xs[1])])
-_binary("mul", np.multiply, lambda n, xs, y, gy: [_ub(gy * xs[1], xs[0]), _ub(gy * xs[0], xs[1])],
+_binary("add", np.add, lambda n, xs, y, gy: [_ub(gy, xs[0]), _ub(gy, xs[1])], lambda T, a, b: a + b,
         props={QUANTIZABLE}, quant=Quant())
-_binary("div", np.divide, lambda n, xs, y, gy: [_ub(gy / xs[1], xs[0]), _ub(-(gy * y) / xs[1], xs[1])])
+_binary("sub", np.subtract, lambda n, xs, y, gy: [_ub(gy, xs[0]), _ub(-gy, xs[1])], lambda T, a, b: a - b)
+_binary("mul", np.multiply, lambda n, xs, y, gy: [_ub(gy * xs[1], xs[0]), _ub(gy * xs[0], xs[1])],
+        lambda T, a, b: a * b, props={QUANTIZABLE}, quant=Quant())
+_binary("div", np.divide, lambda n, xs, y, gy: [_ub(gy / xs[1], xs[0]), _ub(-(gy * y) / xs[1], xs[1])],
+        lambda T, a, b: a / b)
 
 
 def _minmax_vjp(cmp):
@@ -94,27 +141,34 @@ def _minmax_vjp(cmp):
     return vjp
 
 
-_binary("maximum", np.maximum, _minmax_vjp(F.greater))
-_binary("minimum", np.minimum, _minmax_vjp(F.less))
+_binary("maximum", np.maximum, _minmax_vjp(F.greater), lambda T, a, b: T.te.max(a, b))
+_binary("minimum", np.minimum, _minmax_vjp(F.less), lambda T, a, b: T.te.min(a, b))
 
 
 # ---- comparisons and logic (bool results, no gradient) ---------------------------------------
-def _cmp(name, ref):
-    register(name, infer=_binary_infer(name, "bool"), ref=lambda xs, a: ref(xs[0], xs[1]),
-             vjp=lambda n, xs, y, gy: [None, None], props={ELEMENTWISE, BINARY, NONDIFF}, arity=2,
-             doc="bool result, NumPy broadcasting; no gradient")
+def _cmp(name, ref, te):
+    op = register(name, infer=_binary_infer(name, "bool"), ref=lambda xs, a: ref(xs[0], xs[1]),
+                  vjp=lambda n, xs, y, gy: [None, None], props={ELEMENTWISE, BINARY, NONDIFF}, arity=2,
+                  doc="bool result, NumPy broadcasting; no gradient")
+    op.te = binary_te(name, te)
 
 
-_cmp("equal", np.equal)
-_cmp("not_equal", np.not_equal)
-_cmp("less", np.less)
-_cmp("less_equal", np.less_equal)
-_cmp("greater", np.greater)
-_cmp("greater_equal", np.greater_equal)
-_cmp("logical_and", np.logical_and)
-_cmp("logical_or", np.logical_or)
+_cmp("equal", np.equal, lambda T, a, b: T.tirx.EQ(a, b))
+_cmp("not_equal", np.not_equal, lambda T, a, b: T.tirx.NE(a, b))
+_cmp("less", np.less, lambda T, a, b: a < b)
+_cmp("less_equal", np.less_equal, lambda T, a, b: a <= b)
+_cmp("greater", np.greater, lambda T, a, b: a > b)
+_cmp("greater_equal", np.greater_equal, lambda T, a, b: a >= b)
+_cmp("logical_and", np.logical_and, lambda T, a, b: T.tirx.And(a, b))
+_cmp("logical_or", np.logical_or, lambda T, a, b: T.tirx.Or(a, b))
 register("logical_not", infer=lambda ts, a: tt(ts[0].shape, "bool"), ref=lambda xs, a: np.logical_not(xs[0]), doc="bool not",
          vjp=lambda n, xs, y, gy: [None], props={ELEMENTWISE, UNARY, NONDIFF}, arity=1)
+
+
+@defrule("logical_not", "te")
+def _logical_not_te(T, xs, a, out):
+    x = xs[0]
+    return T.te.compute(T.shape(x), lambda *i: T.tirx.Not(x(*i)), name="logical_not")
 
 
 def _where_infer(ts, attrs):
@@ -134,6 +188,14 @@ register("where", infer=_where_infer, ref=lambda xs, a: np.where(xs[0], xs[1], x
          props={ELEMENTWISE}, arity=3, doc="where(cond, a, b), NumPy broadcasting")
 
 
+@defrule("where", "te")
+def _where_te(T, xs, a, out):
+    c, p, q = xs
+    shape = out.shape
+    return T.te.compute(shape, lambda *i: T.tirx.Select(T.bidx(c, shape, i), T.bidx(p, shape, i), T.bidx(q, shape, i)),
+                        name="where")
+
+
 def _cast_infer(ts, attrs):
     return tt(ts[0].shape, attrs["dtype"])
 
@@ -147,3 +209,11 @@ def _cast_vjp(n, xs, y, gy):
 register("cast", attrs={"dtype": Attr("str", "float32", DTYPES)}, infer=_cast_infer,
          ref=lambda xs, a: xs[0].astype(a["dtype"]), vjp=_cast_vjp, props={ELEMENTWISE, UNARY}, arity=1,
          doc="dtype conversion; the gradient flows between float dtypes only")
+
+
+@defrule("cast", "te")
+def _cast_te(T, xs, a, out):
+    x = xs[0]
+    if out.dtype == "bool":
+        return T.te.compute(T.shape(x), lambda *i: T.tirx.NE(x(*i), T.c(0, x.dtype)), name="cast")
+    return T.te.compute(T.shape(x), lambda *i: x(*i).astype(out.dtype), name="cast")

@@ -6,12 +6,20 @@ Layouts: activations NHWC; conv weights OHWI with I = C_in / groups (depthwise: 
 weights [C_in * multiplier, KH, KW, 1]); dense weights [N_out, K] (as TFLite and PyTorch).
 Max pooling sends the gradient to the first maximum of each window (row-major), as PyTorch does.
 Average pooling divides by the number of non-padding elements (TFLite), unless count_include_pad.
+
+The ``te`` rules (float lowerings, ``frontend/ops/_te.py``) follow the NumPy references with the
+same geometry helpers (``conv_geometry``, ``pool_geometry``) and the same first-maximum rule.
+Padding is inlined into the consumer's expression with ``if_then_else`` (lazy), so a convolution
+is one TE stage and schedules see no separate pad block. ``macs`` counts the multiply-accumulates
+of conv2d (any groups), dense, matmul and the conv gradients.
 """
+import math
+
 import numpy as np
 
 from .. import functional as F
 from ..errors import ShapeError
-from ..registry import LINEAR, QUANTIZABLE, SAME_AS_INPUT, WEIGHTS, Attr, register
+from ..registry import LINEAR, QUANTIZABLE, SAME_AS_INPUT, WEIGHTS, Attr, defrule, register
 from ._util import bshape, conv_out_and_pads, need_float, same_dtype, tt
 
 ACT = Attr("str", "none", ("none", "relu", "relu6"))
@@ -56,6 +64,33 @@ register("matmul", infer=_matmul_infer, ref=lambda xs, a: np.matmul(xs[0], xs[1]
          props={LINEAR}, arity=2, doc="NumPy matmul for rank >= 2 (batch dims broadcast)")
 
 
+@defrule("matmul", "macs")
+def _matmul_macs(ts, out, a):
+    return math.prod(out.shape) * ts[0].shape[-1]
+
+
+def _bidx_batch(t, bi, nb):
+    tb = len(t.shape) - 2
+    lead = nb - tb
+    return [0 if int(t.shape[j]) == 1 else bi[lead + j] for j in range(tb)]
+
+
+@defrule("matmul", "te")
+def _matmul_te(T, xs, a, out):
+    x, w = xs
+    ad = T.acc_dtype(x.dtype)
+    shape = out.shape
+    nb = len(shape) - 2
+    k = T.te.reduce_axis((0, int(x.shape[-1])), "k")
+
+    def f(*i):
+        bi = i[:nb]
+        xi = _bidx_batch(x, bi, nb) + [i[-2], k]
+        wi = _bidx_batch(w, bi, nb) + [k, i[-1]]
+        return T.te.sum(T.cast(x(*xi), ad) * T.cast(w(*wi), ad), axis=k)
+    return T.to_out(T.te.compute(shape, f, name="matmul"), out, "matmul_cast")
+
+
 def _dense_infer(ts, a):
     x, w = ts[:2]
     same_dtype(ts[:2], "dense")
@@ -92,6 +127,31 @@ def _dense_vjp(n, xs, y, gy):
 
 register("dense", attrs={"activation": ACT}, infer=_dense_infer, ref=_dense_ref, vjp=_dense_vjp,
          props={LINEAR, QUANTIZABLE}, doc="x @ w.T + b, w is [N_out, K]; optional fused activation", quant=WEIGHTS)
+
+
+@defrule("dense", "macs")
+def _dense_macs(ts, out, a):
+    return math.prod(out.shape) * ts[1].shape[1]
+
+
+@defrule("dense", "te")
+def _dense_te(T, xs, a, out):
+    x, w = xs[:2]
+    ad = T.acc_dtype(x.dtype)
+    k = T.te.reduce_axis((0, int(w.shape[1])), "k")
+    shape = out.shape
+    y = T.te.compute(shape, lambda *i: T.te.sum(T.cast(x(*i[:-1], k), ad) * T.cast(w(i[-1], k), ad), axis=k),
+                     name="dense")
+    b = xs[2] if len(xs) == 3 else None
+
+    def epi(*i):
+        v = y(*i)
+        if b is not None:
+            v = v + T.cast(b(i[-1]), ad)
+        return T.cast(T.act(v, a["activation"]), out.dtype)
+    if b is None and a["activation"] == "none" and ad == out.dtype:
+        return y
+    return T.te.compute(shape, epi, name="dense_epilogue")
 
 
 # ---- convolution ------------------------------------------------------------------------------
@@ -222,6 +282,48 @@ register("conv2d", attrs={**CONV, "activation": ACT}, infer=_conv_infer, ref=_co
          doc="NHWC x OHWI conv (+bias, +fused activation); depthwise is groups = C_in", quant=WEIGHTS)
 
 
+def conv_macs(out_shape, wshape):
+    """MACs of a conv (or of either conv gradient) with output ``out_shape`` and OHWI weights
+    ``wshape``: every output element reduces KH * KW * (C_in / groups) products."""
+    return math.prod(out_shape) * wshape[1] * wshape[2] * wshape[3]
+
+
+@defrule("conv2d", "macs")
+def _conv_macs(ts, out, a):
+    return conv_macs(out.shape, ts[1].shape)
+
+
+@defrule("conv2d", "te")
+def _conv_te(T, xs, a, out):
+    x, w = xs[:2]
+    G = conv_geometry(T.shape(x), T.shape(w), a)
+    I, Og = G["I"], G["O"] // G["g"]
+    ad = T.acc_dtype(x.dtype)
+    kh = T.te.reduce_axis((0, G["KH"]), "kh")
+    kw = T.te.reduce_axis((0, G["KW"]), "kw")
+    ri = T.te.reduce_axis((0, I), "ri") if I > 1 else None
+
+    def f(n, oh, ow, o):
+        h = oh * G["sh"] + kh * G["dh"] - G["pt"]
+        wv = ow * G["sw"] + kw * G["dw"] - G["pl"]
+        i = ri if ri is not None else 0
+        c = (o // Og) * I + i if G["g"] > 1 else i
+        xv = T.tirx.if_then_else(T.in_bounds(h, wv, G["H"], G["W"]), T.cast(x[n, h, wv, c], ad), T.c(0, ad))
+        axes = [kh, kw] + ([ri] if ri is not None else [])
+        return T.te.sum(xv * T.cast(w[o, kh, kw, i], ad), axis=axes)
+    y = T.te.compute(out.shape, f, name="conv2d")
+    b = xs[2] if len(xs) == 3 else None
+    if b is None and a["activation"] == "none" and ad == out.dtype:
+        return y
+
+    def epi(n, oh, ow, o):
+        v = y[n, oh, ow, o]
+        if b is not None:
+            v = v + T.cast(b[o], ad)
+        return T.cast(T.act(v, a["activation"]), out.dtype)
+    return T.te.compute(out.shape, epi, name="conv2d_epilogue")
+
+
 def _cgi_infer(ts, a):
     gy, w = ts
     same_dtype(ts, "conv2d_grad_input")
@@ -321,6 +423,56 @@ register("conv2d_grad_input", attrs={**CONV, "input_shape": Attr("ints", ())}, i
 register("conv2d_grad_weight", attrs={**CONV, "weight_shape": Attr("ints", ())}, infer=_cgw_infer,
          ref=lambda xs, a: conv2d_grad_weight_ref(xs[0], xs[1], a), vjp=_cgw_vjp, arity=2,
          doc="gradient of conv2d with respect to its weights: (x, grad_out) -> grad_w")
+defrule("conv2d_grad_input", "macs")(lambda ts, out, a: conv_macs(ts[0].shape, ts[1].shape))
+defrule("conv2d_grad_weight", "macs")(lambda ts, out, a: conv_macs(ts[1].shape, a["weight_shape"]))
+
+
+@defrule("conv2d_grad_input", "te")
+def _cgi_te(T, xs, a, out):
+    gy, w = xs
+    G = conv_geometry(tuple(a["input_shape"]), T.shape(w), a)
+    I, Og = G["I"], G["O"] // G["g"]
+    ad = T.acc_dtype(gy.dtype)
+    # at stride 1 the taps run in reverse (kh = KH-1-rkh) so the gathered gradient index grows
+    # with the reduction iterator, as in conv2d: LLVM then keeps the CPU schedule's register tile
+    # in registers (2x faster on the host); at stride 2 the reverse order is slower, kept forward
+    rkh = T.te.reduce_axis((0, G["KH"]), "kh")
+    rkw = T.te.reduce_axis((0, G["KW"]), "kw")
+    kh = G["KH"] - 1 - rkh if G["sh"] == 1 else rkh
+    kw = G["KW"] - 1 - rkw if G["sw"] == 1 else rkw
+    ro = T.te.reduce_axis((0, Og), "ro") if Og > 1 else None
+
+    def f(n, h, wp, c):
+        vh, oh = T.tap(h, kh, G["pt"], G["dh"], G["sh"], G["oh"])
+        vw, ow = T.tap(wp, kw, G["pl"], G["dw"], G["sw"], G["ow"])
+        if G["g"] == 1:
+            g, i = 0, c
+        else:
+            g, i = (c // I, c % I) if I > 1 else (c, 0)
+        o = g * Og + (ro if ro is not None else 0)
+        v = T.tirx.if_then_else(T.tirx.all(vh, vw), T.cast(gy[n, oh, ow, o], ad), T.c(0, ad))
+        axes = [rkh, rkw] + ([ro] if ro is not None else [])
+        return T.te.sum(v * T.cast(w[o, kh, kw, i], ad), axis=axes)
+    return T.to_out(T.te.compute(out.shape, f, name="conv2d_grad_input"), out, "cgi_cast")
+
+
+@defrule("conv2d_grad_weight", "te")
+def _cgw_te(T, xs, a, out):
+    x, gy = xs
+    G = conv_geometry(T.shape(x), tuple(a["weight_shape"]), a)
+    I, Og = G["I"], G["O"] // G["g"]
+    ad = T.acc_dtype(x.dtype)
+    rn = T.te.reduce_axis((0, G["N"]), "rn")
+    rh = T.te.reduce_axis((0, G["oh"]), "rh")
+    rw = T.te.reduce_axis((0, G["ow"]), "rw")
+
+    def f(o, kh, kw, i):
+        h = rh * G["sh"] + kh * G["dh"] - G["pt"]
+        wv = rw * G["sw"] + kw * G["dw"] - G["pl"]
+        c = (o // Og) * I + i if G["g"] > 1 else i
+        xv = T.tirx.if_then_else(T.in_bounds(h, wv, G["H"], G["W"]), T.cast(x[rn, h, wv, c], ad), T.c(0, ad))
+        return T.te.sum(xv * T.cast(gy[rn, rh, rw, o], ad), axis=[rn, rh, rw])
+    return T.to_out(T.te.compute(out.shape, f, name="conv2d_grad_weight"), out, "cgw_cast")
 
 
 # ---- pooling ----------------------------------------------------------------------------------
@@ -395,6 +547,52 @@ register("avg_pool2d_grad", attrs={**AVG, "input_shape": Attr("ints", ())},
          arity=1, doc="transpose of avg_pool2d")
 
 
+def _te_count(T, o, stride, pad, k, size):
+    lo = o * stride - pad
+    return T.te.min(lo + k, size) - T.te.max(lo, 0)
+
+
+def _te_avg_divisor(T, G, a, oh, ow, dtype):
+    if a["count_include_pad"]:
+        return T.c(G["KH"] * G["KW"], dtype)
+    return (_te_count(T, oh, G["sh"], G["pt"], G["KH"], G["H"])
+            * _te_count(T, ow, G["sw"], G["pl"], G["KW"], G["W"])).astype(dtype)
+
+
+@defrule("avg_pool2d", "te")
+def _avg_te(T, xs, a, out):
+    x = xs[0]
+    G = pool_geometry(T.shape(x), a)
+    ad = T.acc_dtype(x.dtype)
+    kh = T.te.reduce_axis((0, G["KH"]), "kh")
+    kw = T.te.reduce_axis((0, G["KW"]), "kw")
+
+    def f(n, oh, ow, c):
+        h, wv = oh * G["sh"] + kh - G["pt"], ow * G["sw"] + kw - G["pl"]
+        return T.te.sum(T.tirx.if_then_else(T.in_bounds(h, wv, G["H"], G["W"]), T.cast(x[n, h, wv, c], ad),
+                                            T.c(0, ad)), axis=[kh, kw])
+    s = T.te.compute(out.shape, f, name="avg_pool_sum")
+    return T.te.compute(out.shape, lambda n, oh, ow, c: T.cast(s[n, oh, ow, c] / _te_avg_divisor(T, G, a, oh, ow, ad),
+                                                               out.dtype), name="avg_pool2d")
+
+
+@defrule("avg_pool2d_grad", "te")
+def _avg_grad_te(T, xs, a, out):
+    gy = xs[0]
+    G = pool_geometry(tuple(a["input_shape"]), a)
+    ad = T.acc_dtype(gy.dtype)
+    kh = T.te.reduce_axis((0, G["KH"]), "kh")
+    kw = T.te.reduce_axis((0, G["KW"]), "kw")
+
+    def f(n, h, wp, c):
+        vh, oh = T.tap(h, kh, G["pt"], 1, G["sh"], G["oh"])
+        vw, ow = T.tap(wp, kw, G["pl"], 1, G["sw"], G["ow"])
+        v = T.tirx.if_then_else(T.tirx.all(vh, vw), T.cast(gy[n, oh, ow, c], ad) / _te_avg_divisor(T, G, a, oh, ow, ad),
+                                T.c(0, ad))
+        return T.te.sum(v, axis=[kh, kw])
+    return T.to_out(T.te.compute(out.shape, f, name="avg_pool2d_grad"), out, "apg_cast")
+
+
 def _argmax_index(x, a):
     """For each output window, the flat (kh*KW+kw) index of its first maximum."""
     G = pool_geometry(x.shape, a)
@@ -452,6 +650,74 @@ register("max_pool2d_grad", attrs=POOL, infer=lambda ts, a: ts[0], ref=_max_grad
 register("max_pool2d_gather", attrs=POOL, infer=lambda ts, a: _pool_infer(ts[:1], a),
          ref=_max_gather_ref, vjp=lambda n, xs, y, gy: [None, F.max_pool2d_grad(xs[0], gy, **n.attrs)], arity=2,
          doc="(x, g) -> g at each window's first maximum (transpose of max_pool2d_grad)")
+
+
+def _te_window_max(T, x, G, name):
+    kh = T.te.reduce_axis((0, G["KH"]), "kh")
+    kw = T.te.reduce_axis((0, G["KW"]), "kw")
+    low = T.lowest(x.dtype)
+
+    def f(n, oh, ow, c):
+        h, wv = oh * G["sh"] + kh - G["pt"], ow * G["sw"] + kw - G["pl"]
+        return T.te.max(T.tirx.if_then_else(T.in_bounds(h, wv, G["H"], G["W"]), x[n, h, wv, c], low), axis=[kh, kw])
+    return T.te.compute((G["N"], G["oh"], G["ow"], G["C"]), f, name=name)
+
+
+def _te_window_argmax(T, x, G):
+    """Flat tap index (kh * KW + kw) of each window's first maximum (row-major), as the NumPy
+    reference's ``_argmax_index``: the smallest tap whose value equals the window maximum."""
+    m = _te_window_max(T, x, G, "pool_max")
+    kh = T.te.reduce_axis((0, G["KH"]), "akh")
+    kw = T.te.reduce_axis((0, G["KW"]), "akw")
+    big = G["KH"] * G["KW"]
+    low = T.lowest(x.dtype)
+
+    def f(n, oh, ow, c):
+        h, wv = oh * G["sh"] + kh - G["pt"], ow * G["sw"] + kw - G["pl"]
+        v = T.tirx.if_then_else(T.in_bounds(h, wv, G["H"], G["W"]), x[n, h, wv, c], low)
+        return T.te.min(T.tirx.Select(v == m[n, oh, ow, c], kh * G["KW"] + kw, big), axis=[kh, kw])
+    return T.te.compute(m.shape, f, name="pool_argmax")
+
+
+@defrule("max_pool2d", "te")
+def _max_te(T, xs, a, out):
+    x = xs[0]
+    return _te_window_max(T, x, pool_geometry(T.shape(x), a), "max_pool2d")
+
+
+def _te_argmax_taps(T, x, a, dtype):
+    """What routing a gradient through max_pool2d's argmax needs: the window geometry, each
+    window's argmax tap, the accumulation dtype for ``dtype`` and the (kh, kw) reduce axes."""
+    G = pool_geometry(T.shape(x), a)
+    return (G, _te_window_argmax(T, x, G), T.acc_dtype(dtype), T.te.reduce_axis((0, G["KH"]), "kh"),
+            T.te.reduce_axis((0, G["KW"]), "kw"))
+
+
+@defrule("max_pool2d_grad", "te")
+def _max_grad_te(T, xs, a, out):
+    x, gy = xs
+    G, idx, ad, kh, kw = _te_argmax_taps(T, x, a, gy.dtype)
+
+    def f(n, h, wp, c):
+        vh, oh = T.tap(h, kh, G["pt"], 1, G["sh"], G["oh"])
+        vw, ow = T.tap(wp, kw, G["pl"], 1, G["sw"], G["ow"])
+        hit = T.tirx.all(vh, vw)
+        v = T.tirx.if_then_else(hit, T.tirx.Select(idx[n, oh, ow, c] == kh * G["KW"] + kw,
+                                                   T.cast(gy[n, oh, ow, c], ad), T.c(0, ad)), T.c(0, ad))
+        return T.te.sum(v, axis=[kh, kw])
+    return T.to_out(T.te.compute(out.shape, f, name="max_pool2d_grad"), out, "mpg_cast")
+
+
+@defrule("max_pool2d_gather", "te")
+def _max_gather_te(T, xs, a, out):
+    x, g = xs
+    G, idx, ad, kh, kw = _te_argmax_taps(T, x, a, g.dtype)
+
+    def f(n, oh, ow, c):
+        h, wv = oh * G["sh"] + kh - G["pt"], ow * G["sw"] + kw - G["pl"]
+        take = T.tirx.all(T.in_bounds(h, wv, G["H"], G["W"]), idx[n, oh, ow, c] == kh * G["KW"] + kw)
+        return T.te.sum(T.tirx.if_then_else(take, T.cast(g[n, h, wv, c], ad), T.c(0, ad)), axis=[kh, kw])
+    return T.to_out(T.te.compute(out.shape, f, name="max_pool2d_gather"), out, "mpga_cast")
 
 
 # ---- dropout ----------------------------------------------------------------------------------

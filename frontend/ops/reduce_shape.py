@@ -1,11 +1,15 @@
-"""Reductions (sum, mean, max over axes, keepdims), softmax/log_softmax, and data-movement ops."""
+"""Reductions (sum, mean, max over axes, keepdims), softmax/log_softmax, and data-movement ops.
+
+The ``te`` rules (float lowerings, ``frontend/ops/_te.py``) of sum, mean and softmax accumulate
+in float32 when the storage dtype is 16-bit; data movement is dtype-agnostic.
+"""
 import math
 
 import numpy as np
 
 from .. import functional as F
 from ..errors import ShapeError
-from ..registry import QUANTIZABLE, REDUCTION, SAME_AS_INPUT, SHAPE, Attr, Quant, register
+from ..registry import QUANTIZABLE, REDUCTION, SAME_AS_INPUT, SHAPE, Attr, Quant, defrule, register
 from ._util import need_float, norm_axes, reduced_shape, tt
 
 _RED = {"axes": Attr("ints", None), "keepdims": Attr("bool", False)}
@@ -66,6 +70,48 @@ register("max", attrs=_RED, infer=_red_infer("max"), ref=_max_ref, vjp=_max_vjp,
          doc="max over axes; ties share the gradient equally (torch.amax)")
 
 
+def _te_reduce(T, x, axes, keepdims, kind, name):
+    """(stage, element count): sum (in the accumulation dtype) or max of ``x`` over ``axes``."""
+    shape = T.shape(x)
+    axes = norm_axes(axes, len(shape), name)
+    ad = T.acc_dtype(x.dtype) if kind != "max" else str(x.dtype)
+    rax = {ax: T.te.reduce_axis((0, shape[ax]), f"r{ax}") for ax in axes}
+    oshape = reduced_shape(shape, axes, keepdims)
+
+    def f(*i):
+        it = iter(i)
+        idx = []
+        for d in range(len(shape)):
+            if d in rax:
+                idx.append(rax[d])
+                if keepdims:
+                    next(it)
+            else:
+                idx.append(next(it))
+        v = T.cast(x(*idx), ad)
+        r = [rax[d] for d in axes]
+        if not r:
+            return v
+        return T.te.max(v, axis=r) if kind == "max" else T.te.sum(v, axis=r)
+    return T.te.compute(oshape, f, name=name), math.prod(shape[d] for d in axes)
+
+
+@defrule("sum", "te")
+def _sum_te(T, xs, a, out):
+    return T.to_out(_te_reduce(T, xs[0], a["axes"], a["keepdims"], "sum", "sum")[0], out, "sum_cast")
+
+
+@defrule("mean", "te")
+def _mean_te(T, xs, a, out):
+    y, count = _te_reduce(T, xs[0], a["axes"], a["keepdims"], "sum", "mean_sum")
+    return T.te.compute(out.shape, lambda *i: T.cast(y(*i) / T.c(count, y.dtype), out.dtype), name="mean")
+
+
+@defrule("max", "te")
+def _max_te(T, xs, a, out):
+    return _te_reduce(T, xs[0], a["axes"], a["keepdims"], "max", "max")[0]
+
+
 # ---- softmax --------------------------------------------------------------------------------
 def _sm_infer(ts, a):
     need_float(ts[0], "softmax")
@@ -103,6 +149,41 @@ register("log_softmax", attrs={"axis": Attr("int", -1)}, infer=_sm_infer, ref=_l
          vjp=_log_softmax_vjp, arity=1, doc="log of softmax along axis (stable)")
 
 
+def _te_softmax_parts(T, x, axis):
+    """The max-subtracted pieces of (log_)softmax: shape, accumulation dtype, the row maximum,
+    the row sum of exp(x - max) (both keepdims) and the index map to a row's keepdims entry."""
+    shape = T.shape(x)
+    ax = axis % len(shape)
+    ad = T.acc_dtype(x.dtype)
+    m, _ = _te_reduce(T, x, [ax], True, "max", "softmax_max")
+
+    def kidx(i):
+        return [0 if d == ax else i[d] for d in range(len(shape))]
+    rk = T.te.reduce_axis((0, shape[ax]), "rk")
+
+    def at_k(i):
+        return [rk if d == ax else i[d] for d in range(len(shape))]
+    s = T.te.compute(m.shape, lambda *i: T.te.sum(T.te.exp(T.cast(x(*at_k(i)), ad) - T.cast(m(*i), ad)), axis=rk),
+                     name="softmax_expsum")
+    return shape, ad, m, s, kidx
+
+
+@defrule("softmax", "te")
+def _softmax_te(T, xs, a, out):
+    x = xs[0]
+    shape, ad, m, s, kidx = _te_softmax_parts(T, x, a["axis"])
+    return T.te.compute(shape, lambda *i: T.cast(T.te.exp(T.cast(x(*i), ad) - T.cast(m(*kidx(i)), ad)) / s(*kidx(i)),
+                                                 out.dtype), name="softmax")
+
+
+@defrule("log_softmax", "te")
+def _log_softmax_te(T, xs, a, out):
+    x = xs[0]
+    shape, ad, m, s, kidx = _te_softmax_parts(T, x, a["axis"])
+    return T.te.compute(shape, lambda *i: T.cast((T.cast(x(*i), ad) - T.cast(m(*kidx(i)), ad)) - T.te.log(s(*kidx(i))),
+                                                 out.dtype), name="log_softmax")
+
+
 # ---- shape ops ------------------------------------------------------------------------------
 def resolve_shape(shape, size):
     shape = list(shape)
@@ -125,6 +206,20 @@ register("reshape", attrs={"shape": Attr("ints", ())},
          doc="row-major reshape; one -1 is inferred", quant=SAME_AS_INPUT)
 
 
+@defrule("reshape", "te")
+def _reshape_te(T, xs, a, out):
+    x = xs[0]
+    ishape = T.shape(x)
+    oshape = resolve_shape(a["shape"], math.prod(ishape))
+
+    def f(*i):
+        flat = 0
+        for d, s in zip(i, oshape):
+            flat = flat * s + d
+        return x(*T.unravel(flat, ishape))
+    return T.te.compute(oshape, f, name="reshape")
+
+
 def _perm(a, ndim):
     p = a["perm"]
     if p is None:
@@ -139,6 +234,19 @@ register("transpose", attrs={"perm": Attr("ints", None)},
          ref=lambda xs, a: np.transpose(xs[0], _perm(a, xs[0].ndim)),
          vjp=lambda n, xs, y, gy: [F.transpose(gy, list(np.argsort(_perm(n.attrs, xs[0].ndim))))],
          props={SHAPE}, arity=1, doc="permute axes (perm None: reverse)")
+
+
+@defrule("transpose", "te")
+def _transpose_te(T, xs, a, out):
+    x = xs[0]
+    perm = _perm(a, len(x.shape))
+
+    def f(*i):
+        idx = [None] * len(perm)
+        for o, p in enumerate(perm):
+            idx[p] = i[o]
+        return x(*idx)
+    return T.te.compute(out.shape, f, name="transpose")
 
 
 def _concat_infer(ts, a):
@@ -169,6 +277,22 @@ register("concat", attrs={"axis": Attr("int", 0)}, infer=_concat_infer,
          doc="join along axis (any number of inputs)", quant=Quant(inputs="requantize"))
 
 
+@defrule("concat", "te")
+def _concat_te(T, xs, a, out):
+    ax = a["axis"] % len(out.shape)
+    offs = np.cumsum([0] + [int(x.shape[ax]) for x in xs]).tolist()
+
+    def f(*i):
+        v = None
+        for k in reversed(range(len(xs))):   # innermost select: the last operand
+            idx = list(i)
+            idx[ax] = i[ax] - offs[k]
+            val = xs[k](*idx)
+            v = val if v is None else T.tirx.if_then_else(i[ax] < offs[k + 1], val, v)
+        return v
+    return T.te.compute(out.shape, f, name="concat")
+
+
 def _pads(a, ndim):
     p = a["pads"]
     if len(p) != 2 * ndim or any(v < 0 for v in p):
@@ -182,6 +306,20 @@ register("pad", attrs={"pads": Attr("ints", ()), "value": Attr("float", 0.0)},
          vjp=lambda n, xs, y, gy: [F.slice(gy, [lo for lo, hi in _pads(n.attrs, y.ndim)],
                                            [lo + s for (lo, hi), s in zip(_pads(n.attrs, y.ndim), xs[0].shape)])],
          props={SHAPE, QUANTIZABLE}, arity=1, doc="constant padding, pads = [lo0, hi0, lo1, hi1, ...]", quant=SAME_AS_INPUT)
+
+
+@defrule("pad", "te")
+def _pad_te(T, xs, a, out):
+    x = xs[0]
+    p = a["pads"]
+    shape = T.shape(x)
+    value = T.c(a["value"], x.dtype) if str(x.dtype) != "bool" else T.tirx.const(bool(a["value"]), "bool")
+
+    def f(*i):
+        src = [i[d] - p[2 * d] for d in range(len(shape))]
+        ok = T.tirx.all(*[T.tirx.all(s >= 0, s < n) for s, n in zip(src, shape)]) if shape else T.tirx.const(True, "bool")
+        return T.tirx.if_then_else(ok, x(*src), value)
+    return T.te.compute(out.shape, f, name="pad")
 
 
 def _slice_params(a, shape):
@@ -221,6 +359,17 @@ register("slice", attrs={"begin": Attr("ints", ()), "end": Attr("ints", ()), "st
          vjp=_slice_vjp, props={SHAPE}, arity=1, doc="x[begin:end:strides] per axis (positive strides)")
 
 
+def _te_slice_spec(a, shape):
+    return list(a["begin"]), list(a["strides"] or [1] * len(shape))
+
+
+@defrule("slice", "te")
+def _slice_te(T, xs, a, out):
+    x = xs[0]
+    b, st = _te_slice_spec(a, T.shape(x))
+    return T.te.compute(out.shape, lambda *i: x(*[b[d] + i[d] * st[d] for d in range(len(i))]), name="slice")
+
+
 def _slice_grad_ref(xs, a):
     out = np.zeros(a["shape"], xs[0].dtype)
     out[_slice_params(a, a["shape"])] = xs[0]
@@ -232,6 +381,21 @@ register("slice_grad",
          infer=lambda ts, a: tt(a["shape"], ts[0].dtype), ref=_slice_grad_ref,
          vjp=lambda n, xs, y, gy: [F.slice(gy, n.attrs["begin"], n.attrs["end"], n.attrs["strides"])],
          props={SHAPE}, arity=1, doc="scatter a strided slice back into zeros of `shape` (transpose of slice)")
+
+
+@defrule("slice_grad", "te")
+def _slice_grad_te(T, xs, a, out):
+    x = xs[0]
+    shape = tuple(a["shape"])
+    b, st = _te_slice_spec(a, shape)
+    n = T.shape(x)
+
+    def f(*i):
+        t = [i[d] - b[d] for d in range(len(shape))]
+        q = [T.tirx.floordiv(t[d], st[d]) for d in range(len(shape))]
+        ok = T.tirx.all(*[T.tirx.all(t[d] >= 0, T.tirx.floormod(t[d], st[d]) == 0, q[d] < n[d]) for d in range(len(shape))])
+        return T.tirx.if_then_else(ok, x(*q), T.c(0, x.dtype))
+    return T.te.compute(out.shape, f, name="slice_grad")
 
 
 def _bt_infer(ts, a):
@@ -248,3 +412,9 @@ register("broadcast_to", attrs={"shape": Attr("ints", ())}, infer=_bt_infer,
          ref=lambda xs, a: np.broadcast_to(xs[0], a["shape"]).copy(),
          vjp=lambda n, xs, y, gy: [F.unbroadcast(gy, xs[0].shape)], props={SHAPE}, arity=1,
          doc="NumPy broadcast to shape (materialised)")
+
+
+@defrule("broadcast_to", "te")
+def _broadcast_to_te(T, xs, a, out):
+    x = xs[0]
+    return T.te.compute(out.shape, lambda *i: T.bidx(x, out.shape, i), name="broadcast_to")

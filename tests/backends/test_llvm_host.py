@@ -175,12 +175,12 @@ def test_missing_te_rule_names_op_and_node():
     fwd, _, x, _ = make("mlp")
     g = fwd.copy()
     g.outputs = [g.add_node("tanh", [g.outputs[0]], name="my_tanh")]
-    rule = OPS["tanh"].lower.pop("te")
+    rule, OPS["tanh"].te = OPS["tanh"].te, None
     try:
         with pytest.raises(NotImplementedError, match=r"TE lowering for 'tanh'.*'my_tanh'"):
             llvm_host.compile(g)
     finally:
-        OPS["tanh"].lower["te"] = rule
+        OPS["tanh"].te = rule
 
 
 def test_quantised_graph_is_rejected():
