@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.frontend.ops.nn import conv_geometry, pool_geometry
+from kiln.frontend.registry import ELEMENTWISE
+
 
 def _min_shift(min_read_bytes, out_itemsize):
     """min_read_bytes[j]: lowest input byte read by output element j (write order)."""
@@ -51,3 +54,32 @@ def window_shift(t_in, t_out, G, per_channel, pool=False):
     n = np.arange(N)[:, None, None, None]
     elem = (n * H * W + pix[None, :, :, None]) * C + ch[None, None, None, :]
     return _min_shift(elem * t_in.itemsize, t_out.itemsize)
+
+
+def _conv(ts, ty, a):
+    G = conv_geometry(ts[0].shape, ts[1].shape, a)
+    return window_shift(ts[0], ty, G, G["I"] == 1 and G["g"] == G["C"] and G["g"] > 1, pool=False)
+
+
+def _pool(ts, ty, a):
+    return window_shift(ts[0], ty, pool_geometry(ts[0].shape, a), True, pool=True)
+
+
+# ops that are not element-wise whose kernel still writes its output in row-major order reading
+# only a known part of input 0: the minimum shift of that input
+_FIRST_INPUT = {"reshape": lambda ts, ty, a: 0, "conv2d": _conv, "avg_pool2d": _pool, "max_pool2d": _pool}
+
+
+def hints(op, inputs, in_types, out_type, attrs):
+    """{input value: min shift} for one node of ``op`` (an OpDef): an element-wise op (property
+    ELEMENTWISE) aliases every input of its output's shape, a reshape copy its input exactly,
+    conv2d and the pools their input below the window still to be read."""
+    if ELEMENTWISE in op.props:
+        out = {}
+        for v, t in zip(inputs, in_types):
+            s = elementwise_shift(t, out_type)
+            if s is not None:
+                out[v] = s
+        return out
+    rule = _FIRST_INPUT.get(op.name)
+    return {} if rule is None else {inputs[0]: rule(in_types, out_type, attrs)}

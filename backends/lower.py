@@ -1,10 +1,15 @@
 """Lower fused groups of graph nodes to TVM TE, schedule them and turn them into C kernels.
 
-Each op's rule is registered with ``deflower(op, "c")`` (``backends/ops_int8.py``,
-``backends/ops_float.py``) and has the signature ``rule(k: KernelBuilder, node, xs) -> te.Tensor``
-where ``xs`` are TE tensors for the node's inputs. A rule may replace a constant input by a
-transformed copy (``k.const``), declare that its output may overwrite an input in place
-(``k.inplace``), count MACs (``k.macs``) and set the group's schedule (``k.schedule``).
+A node is lowered by the op's C override when there is one and it takes the case at hand, else by
+the op's own TE compute (``OpDef.te``, the one float lowering every backend shares; ``lower_te``).
+Overrides (``backends/ops_elementwise.py``, ``ops_misc.py``, ``ops_nn.py``) are registered with
+``lower_rule(op)`` and have the signature ``rule(k: KernelBuilder, node, xs) -> te.Tensor | None``
+where ``xs`` are TE tensors for the node's inputs; they hold the int8 kernels (TFLite semantics)
+and the DSP kernels, and return None for a case they leave to the TE compute (float). A rule may
+replace a constant input by a transformed copy (``k.const``), declare that its output may
+overwrite an input in place (``k.inplace``; ``k.inplace_hints_of_op()`` applies the op's usual
+ones from ``backends/inplace.py``) and set the group's schedule (``k.schedule``). MACs come from
+the op (``OpDef.macs``) for every node, whichever path lowers it.
 """
 from __future__ import annotations
 
@@ -15,9 +20,10 @@ import numpy as np
 from tvm import s_tir, te
 
 from kiln.frontend.errors import KilnError
-from kiln.frontend.registry import deflower, get_op
+from kiln.frontend.ops import _te as T
+from kiln.frontend.registry import OPS, SHAPE, deflower, get_op
 
-from . import tirc
+from . import inplace, schedules, tirc
 from .emit import c_ident
 
 BACKEND = "c"
@@ -116,6 +122,15 @@ class KernelBuilder:
         """``fn(sch, out_block)`` replaces the default schedule for this group."""
         self.schedule_fn = fn
 
+    def inplace_hints_of_op(self):
+        """The current node's usual in-place hints (``inplace.hints``: element-wise ops, a
+        reshape copy, conv2d and pools); returns them."""
+        n = self.node
+        hints = inplace.hints(get_op(n.op), n.inputs, [self.type(i) for i in n.inputs], self.type(n.name), n.attrs)
+        for v, shift in hints.items():
+            self.inplace(v, shift)
+        return hints
+
     def fail(self, msg):
         n = self.node
         raise LoweringError(f"node {n.name!r} ({n.op}): {msg} (target {self.target.name})")
@@ -132,6 +147,76 @@ class KernelBuilder:
         self.placeholders[ph] = Arg(kind, value, t.dtype, t.nbytes)
         self._by_value[value] = ph
         return ph
+
+
+# data the C backend's kernels read and write
+C_DTYPES = ("float32", "int32", "int16", "int8", "uint8")
+
+
+def c_lowerable(op_name):
+    """Whether the C backend can lower the op at all: a C override or the op's TE compute."""
+    op = get_op(op_name)
+    return BACKEND in op.lower or op.te is not None
+
+
+def lower_node(k, node, xs):
+    """One node: the op's C override when it takes this case (it returns None when it does not),
+    else the op's TE compute (``lower_te``)."""
+    rule = get_op(node.op).lower.get(BACKEND)
+    y = rule(k, node, xs) if rule is not None else None
+    return lower_te(k, node, xs) if y is None else y
+
+
+def _check_te_types(k, node, op):
+    for v in list(node.inputs) + [node.name]:
+        t = k.type(v)
+        if t.dtype not in C_DTYPES:
+            k.fail(f"{node.op} on {t} ({v!r}) is not supported by the C backend (data types: "
+                   f"{', '.join(C_DTYPES)})")
+        if t.quant is not None and SHAPE not in op.props:
+            int8 = sorted(n for n, o in OPS.items() if BACKEND in o.lower)
+            k.fail(f"{node.op} has no int8 kernel on the C backend ({v!r} is quantised: {t}); ops with "
+                   f"C int8 kernels: {', '.join(int8)}")
+
+
+def lower_te(k, node, xs, attrs=None):
+    """A node through its op's TE compute, with the C backend's facts about it: supported data
+    types (quantised operands only for data movement, which is exact whatever the scale), the
+    usual in-place hints and a schedule from ``schedules.TE_SCHEDULES``. Scalars, which C
+    kernels hold as one-element arrays, reach the rule as 0-d tensors; a reduction whose input
+    may be overwritten in place gets a store stage (its accumulator stays a scalar and every
+    window is read before its output element is written). ``attrs`` replaces the node's
+    attributes (an override that only changes one, as the int8 pad's fill value)."""
+    op = get_op(node.op)
+    if op.te is None:
+        k.fail(f"op '{node.op}' has no C lowering (no C kernel and no TE compute)")
+    _check_te_types(k, node, op)
+    hints = k.inplace_hints_of_op()
+    pick = schedules.TE_SCHEDULES.get(node.op)
+    sched = pick([k.type(i) for i in node.inputs], k.type(node.name), node.attrs, k.target) if pick else None
+    if sched is not None:
+        k.schedule(sched)
+    y = op.te(T, [x if k.type(v).shape else _as_0d(x) for x, v in zip(xs, node.inputs)],
+              node.attrs if attrs is None else attrs, k.type(node.name))
+    if hints and _is_reduction_op(y):
+        y = _copy(y, f"{y.op.name}_store")
+    return y if y.shape else _as_1d(y)
+
+
+def _as_0d(x):
+    return te.compute((), lambda: x[0], name=f"{x.op.name}_0d")
+
+
+def _as_1d(y):
+    return te.compute((1,), lambda i: y(), name=f"{y.op.name}_1")
+
+
+def _copy(y, name):
+    return te.compute(y.shape, lambda *i: y(*i), name=name)
+
+
+def _is_reduction_op(t):
+    return isinstance(t.op, te.ComputeOp) and len(t.op.reduce_axis) > 0
 
 
 def _used_placeholders(out):
@@ -223,19 +308,21 @@ def lower_group(graph, group, target, consts, kname) -> Kernel:
     out = None
     for node in group.nodes:
         k.node = node
-        rule = get_op(node.op).lower.get(BACKEND)
-        if rule is None:
+        op = get_op(node.op)
+        if not c_lowerable(node.op):
             ins = ", ".join(str(graph.types[i]) for i in node.inputs)
             raise LoweringError(f"node {node.name!r}: op '{node.op}' has no C lowering "
                                 f"(inputs {ins}; target {target.name})")
+        if op.macs is not None:
+            k.macs(op.macs([graph.types[i] for i in node.inputs], graph.types[node.name], node.attrs))
         xs = [env[i] if i in env else k.input_tensor(i) for i in node.inputs]
-        out = rule(k, node, xs)
+        out = lower_node(k, node, xs)
         env[node.name] = out
     want = graph.types[group.out]
     if tuple(int(s) for s in out.shape) != (tuple(want.shape) or (1,)) or out.dtype != want.dtype:
         raise LoweringError(f"node {group.nodes[-1].name!r}: lowering produced {out.dtype}{list(out.shape)}, "
                             f"graph says {want}")
-    if isinstance(out.op, te.ComputeOp) and len(out.op.reduce_axis):
+    if _is_reduction_op(out):
         k.inplace_hints.clear()   # a reduction into the output stores before it has read everything
     phs = _used_placeholders(out)
     func = te.create_prim_func(phs + [out])

@@ -1,16 +1,14 @@
-"""C lowerings of softmax, reductions, data movement and (de)quantisation."""
+"""C overrides of softmax, mean, pad and concat for int8 (TFLite semantics), and (de)quantisation.
+Float (and data movement, which is exact for int8 too) is the op's TE compute (``lower.lower_te``)."""
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from tvm import te, tirx
 
 from kiln.frontend.ops._util import norm_axes
-from kiln.frontend.ops.reduce_shape import _pads, _perm, _slice_params, resolve_shape
 
 from . import gemmlowp, inplace, qmath
-from .lower import decompose_reductions, lower_rule
+from .lower import decompose_reductions, lower_rule, lower_te
 from .qmath import c
 
 F32 = "float32"
@@ -22,27 +20,6 @@ def _q(k, node):
 
 def _shape(t):
     return t.shape or (1,)
-
-
-def _need_f32(k, node):
-    for v in list(node.inputs) + [node.name]:
-        if k.type(v).dtype != F32:
-            k.fail(f"{node.op} on {k.type(v)} is not supported by the C backend")
-
-
-def _unflatten(flat, shape):
-    idx = []
-    for d in reversed(shape):
-        idx.append(tirx.floormod(flat, d))
-        flat = tirx.floordiv(flat, d)
-    return tuple(reversed(idx))
-
-
-def _flat(idx, shape):
-    f = c(0)
-    for i, d in zip(idx, shape):
-        f = f * d + i
-    return f
 
 
 # ---- softmax --------------------------------------------------------------------------------
@@ -155,49 +132,21 @@ def _softmax_int8_extern(k, x, texp, tab_lo, rows, D, ty):
                      out_buffers=[yb])
 
 
-def _softmax_f32(k, node, x, tx, ty, log):
-    nd = len(tx.shape)
-    axis = node.attrs["axis"] % nd
-    D = tx.shape[axis]
-    red_shape = tuple(s for d, s in enumerate(tx.shape) if d != axis) or (1,)
-
-    def full(i, j):
-        i = list(i) if len(tx.shape) > 1 else []
-        i.insert(axis, j)
-        return tuple(i)
-    r = te.reduce_axis((0, D), "r")
-    mx = te.compute(red_shape, lambda *i: te.max(x[full(i, r)], axis=[r]), name="rowmax")
-    r2 = te.reduce_axis((0, D), "r2")
-    sm = te.compute(red_shape, lambda *i: te.sum(tirx.exp(x[full(i, r2)] - mx(*i)), axis=[r2]), name="rowsum")
-
-    def body(*i):
-        ri = tuple(v for d, v in enumerate(i) if d != axis) or (0,)
-        s = x(*i) - mx[ri]
-        if log:
-            return s - tirx.log(sm[ri])
-        return tirx.exp(s) / sm[ri]
-    return te.compute(_shape(ty), body, name="log_softmax" if log else "softmax")
-
-
 @lower_rule("softmax")
 def lower_softmax(k, node, xs):
+    if not _q(k, node):
+        return None                          # float: the op's TE compute
     tx, ty = k.type(node.inputs[0]), k.type(node.name)
-    if _q(k, node):
-        if tx.dtype != "int8" or tx.quant is None:
-            k.fail(f"int8 softmax needs a quantised int8 input, got {tx}")
-        return _softmax_int8(k, node, xs[0], tx, ty)
-    _need_f32(k, node)
-    return _softmax_f32(k, node, xs[0], tx, ty, log=False)
+    if tx.dtype != "int8" or tx.quant is None:
+        k.fail(f"int8 softmax needs a quantised int8 input, got {tx}")
+    return _softmax_int8(k, node, xs[0], tx, ty)
 
 
-@lower_rule("log_softmax")
-def lower_log_softmax(k, node, xs):
-    _need_f32(k, node)
-    return _softmax_f32(k, node, xs[0], k.type(node.inputs[0]), k.type(node.name), log=True)
-
-
-# ---- reductions -----------------------------------------------------------------------------
-def _reduce(k, node, xs, kind):
+# ---- int8 mean ------------------------------------------------------------------------------
+@lower_rule("mean")
+def lower_mean(k, node, xs):
+    if not _q(k, node):
+        return None                          # float: the op's TE compute
     x = xs[0]
     tx, ty = k.type(node.inputs[0]), k.type(node.name)
     axes = norm_axes(node.attrs["axes"], len(tx.shape))
@@ -220,103 +169,33 @@ def _reduce(k, node, xs, kind):
 
     def idx(i):
         return () if scalar else i
-    if _q(k, node):
-        if kind != "mean":
-            k.fail(f"int8 {kind} is not supported (TFLite int8 has MEAN)")
-        from kiln.quantize.int8_shape import mean_params
-        zi, zo = int(tx.quant.zero_point[0]), int(ty.quant.zero_point[0])
-        m, sh = mean_params(tx.quant.scale[0], ty.quant.scale[0], count)
-        acc = te.compute(shape, lambda *i: te.sum(x[full(idx(i))].astype("int32"), axis=raxes), name="acc")
-
-        def body(*i):
-            v = qmath.mbqm(acc(*i) - c(zi * count), c(m), sh)
-            return qmath.clamp(v + c(zo), -128, 127).astype("int8")
-        return te.compute(shape, body, name="mean")
-    _need_f32(k, node)
-    if kind == "max":
-        return te.compute(shape, lambda *i: te.max(x[full(idx(i))], axis=raxes), name="max")
-    s = te.compute(shape, lambda *i: te.sum(x[full(idx(i))], axis=raxes), name="sum")
-    if kind == "sum":
-        return s
-    return te.compute(shape, lambda *i: s(*i) / tirx.const(float(count), F32), name="mean")
-
-
-for _kind in ("sum", "mean", "max"):
-    lower_rule(_kind)(lambda k, node, xs, _kind=_kind: _reduce(k, node, xs, _kind))
-
-
-# ---- data movement --------------------------------------------------------------------------
-@lower_rule("reshape")
-def lower_reshape(k, node, xs):
-    """A reshape is normally a view (no kernel, see backends/passes.py); this copy runs when
-    it cannot be one."""
-    x = xs[0]
-    tx, ty = k.type(node.inputs[0]), k.type(node.name)
-    k.inplace(node.inputs[0], 0)
-    shp = resolve_shape(node.attrs["shape"], tx.size)
-    return te.compute(_shape(ty), lambda *i: x[_unflatten(_flat(i, shp), _shape(tx))], name="reshape")
-
-
-@lower_rule("transpose")
-def lower_transpose(k, node, xs):
-    x = xs[0]
-    tx, ty = k.type(node.inputs[0]), k.type(node.name)
-    perm = _perm(node.attrs, len(tx.shape))
-    inv = list(np.argsort(perm))
-    return te.compute(_shape(ty), lambda *i: x[tuple(i[inv[d]] for d in range(len(perm)))], name="transpose")
-
-
-@lower_rule("pad")
-def lower_pad(k, node, xs):
-    x = xs[0]
-    tx, ty = k.type(node.inputs[0]), k.type(node.name)
-    pads = _pads(node.attrs, len(tx.shape))
-    if tx.quant is not None:
-        val = tirx.const(int(tx.quant.zero_point[0]), tx.dtype)
-    else:
-        val = tirx.const(np.asarray(node.attrs["value"]).astype(tx.dtype).item(), tx.dtype)
+    from kiln.quantize.int8_shape import mean_params
+    zi, zo = int(tx.quant.zero_point[0]), int(ty.quant.zero_point[0])
+    m, sh = mean_params(tx.quant.scale[0], ty.quant.scale[0], count)
+    acc = te.compute(shape, lambda *i: te.sum(x[full(idx(i))].astype("int32"), axis=raxes), name="acc")
 
     def body(*i):
-        conds = [tirx.all(i[d] >= lo, i[d] < lo + tx.shape[d]) for d, (lo, hi) in enumerate(pads) if lo or hi]
-        src = tuple(i[d] - pads[d][0] for d in range(len(i)))
-        return tirx.if_then_else(tirx.all(*conds), x[src], val) if conds else x[src]
-    return te.compute(_shape(ty), body, name="pad")
+        v = qmath.mbqm(acc(*i) - c(zi * count), c(m), sh)
+        return qmath.clamp(v + c(zo), -128, 127).astype("int8")
+    return te.compute(shape, body, name="mean")
 
 
-@lower_rule("slice")
-def lower_slice(k, node, xs):
-    x = xs[0]
-    tx, ty = k.type(node.inputs[0]), k.type(node.name)
-    sl = _slice_params(node.attrs, tx.shape)
-    return te.compute(_shape(ty), lambda *i: x[tuple(s.start + i[d] * s.step for d, s in enumerate(sl))], name="slice")
-
-
-@lower_rule("broadcast_to")
-def lower_broadcast_to(k, node, xs):
-    x = xs[0]
-    tx, ty = k.type(node.inputs[0]), k.type(node.name)
-    off = len(ty.shape) - len(tx.shape)
-    return te.compute(_shape(ty), lambda *i: x[tuple(0 if tx.shape[d] == 1 else i[off + d]
-                                                     for d in range(len(tx.shape))) or (0,)],
-                      name="broadcast")
+# ---- int8 data movement ---------------------------------------------------------------------
+@lower_rule("pad")
+def lower_pad(k, node, xs):
+    """int8 pads with the input's zero point (the real value 0), whatever the attribute says."""
+    tx = k.type(node.inputs[0])
+    if tx.quant is None:
+        return None                          # the op's TE compute, with its fill value
+    return lower_te(k, node, xs, dict(node.attrs, value=int(tx.quant.zero_point[0])))
 
 
 @lower_rule("concat")
 def lower_concat(k, node, xs):
-    ts = [k.type(v) for v in node.inputs]
     ty = k.type(node.name)
-    axis = node.attrs["axis"] % len(ty.shape)
-    if ty.quant is not None and any(t.quant != ty.quant for t in ts):
+    if ty.quant is not None and any(k.type(v).quant != ty.quant for v in node.inputs):
         k.fail("int8 concat needs the same quantisation on every input and the output")
-
-    def body(*i):
-        v, off = None, 0
-        for x, t in zip(xs, ts):
-            j = tuple(i[d] - off if d == axis else i[d] for d in range(len(i)))
-            v = x[j] if v is None else tirx.if_then_else(i[axis] >= off, x[j], v)
-            off += t.shape[axis]
-        return v
-    return te.compute(_shape(ty), body, name="concat")
+    return None                              # data movement: the op's TE compute
 
 
 # ---- (de)quantisation -----------------------------------------------------------------------

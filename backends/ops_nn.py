@@ -1,6 +1,8 @@
-"""C lowerings of the linear and window ops: conv2d (incl. depthwise and padding), dense, matmul,
-avg/max pooling. Float32 follows the NumPy reference; int8 follows TFLite's reference kernels
-(per-channel requantisation, zero points, fused activation clamp) bit for bit."""
+"""C overrides of the linear and window ops for int8: conv2d (incl. depthwise and padding), dense,
+avg/max pooling, following TFLite's reference kernels (per-channel requantisation, zero points,
+fused activation clamp) bit for bit, with the DSP kernels of ``schedules.py``. Float (and matmul)
+is the op's TE compute (``lower.lower_te``; float depthwise keeps ``schedules.depthwise_schedule``
+through ``schedules.TE_SCHEDULES``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,11 +10,9 @@ from tvm import te, tirx
 
 from kiln.frontend.ops.nn import conv_geometry, pool_geometry
 
-from . import inplace, qmath, schedules
+from . import qmath, schedules
 from .lower import lower_rule
 from .qmath import c
-
-F32 = "float32"
 
 
 def quantized(k, node):
@@ -106,17 +106,11 @@ def fc_requant_epilogue(k, acc, tx, tw, ty, channels, act):
     return te.compute(acc.shape, body, name="requant")
 
 
-def _act_f32(v, act):
-    if act == "relu":
-        return tirx.max(v, tirx.const(0.0, F32))
-    if act == "relu6":
-        return tirx.min(tirx.max(v, tirx.const(0.0, F32)), tirx.const(6.0, F32))
-    return v
-
-
 # ---- conv2d ---------------------------------------------------------------------------------
 @lower_rule("conv2d")
 def lower_conv2d(k, node, xs):
+    if not quantized(k, node):
+        return None                          # float: the op's TE compute
     a = node.attrs
     x, w = xs[0], xs[1]
     tx, tw, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
@@ -124,33 +118,23 @@ def lower_conv2d(k, node, xs):
     g, I, O = G["g"], G["I"], G["O"]
     Og = O // g
     depthwise = I == 1 and g == G["C"] and g > 1   # C_in == 1: a regular (groups 1) conv
-    k.macs(G["N"] * G["oh"] * G["ow"] * O * G["KH"] * G["KW"] * I)
-    k.inplace(node.inputs[0], inplace.window_shift(tx, ty, G, depthwise, pool=False))
-    q = quantized(k, node)
-    if q:
-        _check_int8(k, node, [node.inputs[0], node.inputs[1], node.name])
-        zx = _zp(tx)
-        zw = tw.quant.zero_point
-        if any(z != 0 for z in zw):
-            k.fail("int8 conv2d needs symmetric weights (weight zero point 0)")
-        pad_val = tirx.const(zx, tx.dtype)
-    else:
-        if tx.dtype != F32:
-            k.fail(f"conv2d on {tx.dtype} is not supported (float32 or quantised int8)")
-        pad_val = tirx.const(0.0, F32)
+    k.inplace_hints_of_op()
+    _check_int8(k, node, [node.inputs[0], node.inputs[1], node.name])
+    zx = _zp(tx)
+    if any(z != 0 for z in tw.quant.zero_point):
+        k.fail("int8 conv2d needs symmetric weights (weight zero point 0)")
+    pad_val = tirx.const(zx, tx.dtype)
     xp = te.compute((G["N"], G["H"] + G["pt"] + G["pb"], G["W"] + G["pl"] + G["pr"], G["C"]),
                     lambda n, h, ww, ch: tirx.if_then_else(_inb(h, ww, G), x[n, h - G["pt"], ww - G["pl"], ch], pad_val),
                     name="pad") if (G["pt"] or G["pb"] or G["pl"] or G["pr"]) else x
 
     def term(xv, wv):
-        if q:
-            return (xv.astype("int32") - c(zx)) * wv.astype("int32")
-        return xv * wv
+        return (xv.astype("int32") - c(zx)) * wv.astype("int32")
 
     kh = te.reduce_axis((0, G["KH"]), "kh")
     kw = te.reduce_axis((0, G["KW"]), "kw")
     sh, sw, dh, dw = G["sh"], G["sw"], G["dh"], G["dw"]
-    dsp = q and k.target.kernels   # Kiln kernels (DSP or portable C)
+    dsp = k.target.kernels   # Kiln kernels (DSP or portable C)
     bias = xs[2] if len(xs) == 3 else None
     bound = None
     if depthwise and dsp and Og == 1:
@@ -180,15 +164,11 @@ def lower_conv2d(k, node, xs):
         acc = te.compute((G["N"], G["oh"], G["ow"], O),
                          lambda n, oh, ow, o: te.sum(term(xp[n, oh * sh + kh * dh, ow * sw + kw * dw, (o // Og) * I + kc],
                                                           w[o, kh, kw, kc]), axis=[kh, kw, kc]), name="acc")
-    if q:
-        if bias is not None:
-            acc2 = te.compute(acc.shape, lambda n, oh, ow, o: acc[n, oh, ow, o] + bias[o], name="bias")
-        else:
-            acc2 = acc
-        return requant_epilogue(k, node, acc2, ty, O, lambda idx: idx[3], a["activation"], bound)
-    return te.compute(acc.shape, lambda n, oh, ow, o: _act_f32(acc[n, oh, ow, o] + (bias[o] if bias is not None else
-                                                                                     tirx.const(0.0, F32)),
-                                                               a["activation"]), name="conv")
+    if bias is not None:
+        acc2 = te.compute(acc.shape, lambda n, oh, ow, o: acc[n, oh, ow, o] + bias[o], name="bias")
+    else:
+        acc2 = acc
+    return requant_epilogue(k, node, acc2, ty, O, lambda idx: idx[3], a["activation"], bound)
 
 
 def _const_weights_bias(k, node, O):
@@ -261,64 +241,39 @@ def _depthwise_dsp(k, node, x, G, zx, tx, tw, ty):
 # ---- dense / matmul -------------------------------------------------------------------------
 @lower_rule("dense")
 def lower_dense(k, node, xs):
+    if not quantized(k, node):
+        return None                          # float: the op's TE compute
     x, w = xs[0], xs[1]
     tx, tw, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
     K = tx.shape[-1]
     N = tw.shape[0]
     lead = tx.shape[:-1]
-    k.macs(int(np.prod(lead)) * N * K)
     bias = xs[2] if len(xs) == 3 else None
-    q = quantized(k, node)
     kk = te.reduce_axis((0, K), "k")
-    if q:
-        _check_int8(k, node, [node.inputs[0], node.inputs[1], node.name])
-        zx = _zp(tx)
-        zws = tw.quant.zero_point
-        if len(set(zws)) != 1:
-            k.fail("int8 dense needs one weight zero point")
-        zw = zws[0]
-        if k.target.kernels and zw == 0 and k.value(node.inputs[1]) is not None:
-            # the tensorized dot product against packed weights (the zero point folded into the bias)
-            acc, folded, zx_k = schedules.dense_dot_compute(k, node, x, lead, N, K, zx)
-            bias = folded if folded is not None else bias
-            k.schedule(schedules.dsp_dense_schedule(K, zx_k, N, k.target.optimize))
-        else:
-            acc = te.compute(lead + (N,), lambda *i: te.sum(
-                (x[i[:-1] + (kk,)].astype("int32") - c(zx)) * (w[i[-1], kk].astype("int32") - c(zw)), axis=[kk]),
-                name="acc")
-        acc2 = te.compute(acc.shape, lambda *i: acc(*i) + bias[i[-1]], name="bias") if bias is not None else acc
-        return fc_requant_epilogue(k, acc2, tx, tw, ty, N, node.attrs["activation"])
-    if tx.dtype != F32:
-        k.fail(f"dense on {tx.dtype} is not supported")
-    acc = te.compute(lead + (N,), lambda *i: te.sum(x[i[:-1] + (kk,)] * w[i[-1], kk], axis=[kk]), name="acc")
-    return te.compute(acc.shape, lambda *i: _act_f32(acc(*i) + (bias[i[-1]] if bias is not None else tirx.const(0.0, F32)),
-                                                     node.attrs["activation"]), name="dense")
-
-
-@lower_rule("matmul")
-def lower_matmul(k, node, xs):
-    a, b = xs
-    ta, tb, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
-    if ty.dtype != F32 or quantized(k, node):
-        k.fail(f"matmul is float32 only on the C backend (got {ta} @ {tb})")
-    K = ta.shape[-1]
-    nb = len(ty.shape) - 2
-    k.macs(int(np.prod(ty.shape)) * K)
-    r = te.reduce_axis((0, K), "k")
-
-    def idx(t, bidx, i, j):
-        off = nb - (len(t.shape) - 2)
-        bi = [bidx[off + d] if t.shape[d] != 1 else 0 for d in range(len(t.shape) - 2)]
-        return tuple(bi) + (i, j)
-    return te.compute(ty.shape, lambda *i: te.sum(a[idx(ta, i[:nb], i[nb], r)] * b[idx(tb, i[:nb], r, i[nb + 1])],
-                                                  axis=[r]), name="matmul")
+    _check_int8(k, node, [node.inputs[0], node.inputs[1], node.name])
+    zx = _zp(tx)
+    zws = tw.quant.zero_point
+    if len(set(zws)) != 1:
+        k.fail("int8 dense needs one weight zero point")
+    zw = zws[0]
+    if k.target.kernels and zw == 0 and k.value(node.inputs[1]) is not None:
+        # the tensorized dot product against packed weights (the zero point folded into the bias)
+        acc, folded, zx_k = schedules.dense_dot_compute(k, node, x, lead, N, K, zx)
+        bias = folded if folded is not None else bias
+        k.schedule(schedules.dsp_dense_schedule(K, zx_k, N, k.target.optimize))
+    else:
+        acc = te.compute(lead + (N,), lambda *i: te.sum(
+            (x[i[:-1] + (kk,)].astype("int32") - c(zx)) * (w[i[-1], kk].astype("int32") - c(zw)), axis=[kk]),
+            name="acc")
+    acc2 = te.compute(acc.shape, lambda *i: acc(*i) + bias[i[-1]], name="bias") if bias is not None else acc
+    return fc_requant_epilogue(k, acc2, tx, tw, ty, N, node.attrs["activation"])
 
 
 # ---- pooling --------------------------------------------------------------------------------
 def _pool_common(k, node):
     tx, ty = k.type(node.inputs[0]), k.type(node.name)
     G = pool_geometry(tx.shape, node.attrs)
-    k.inplace(node.inputs[0], inplace.window_shift(tx, ty, G, True, pool=True))
+    k.inplace_hints_of_op()
     return tx, ty, G
 
 
@@ -333,12 +288,13 @@ def _window_count(oh, ow, G):
 
 @lower_rule("avg_pool2d")
 def lower_avg_pool(k, node, xs):
+    if not quantized(k, node):
+        return None                          # float: the op's TE compute
     x = xs[0]
     tx, ty, G = _pool_common(k, node)
     kh = te.reduce_axis((0, G["KH"]), "kh")
     kw = te.reduce_axis((0, G["KW"]), "kw")
-    q = quantized(k, node)
-    dt = "int32" if q else F32
+    dt = "int32"
     zero = tirx.const(0, dt)
 
     def tap(n, oh, ow, ch):
@@ -349,32 +305,28 @@ def lower_avg_pool(k, node, xs):
             return tirx.if_then_else(_inb(h, w_, G), v, zero)
         return v
     acc = te.compute(ty.shape, lambda n, oh, ow, ch: te.sum(tap(n, oh, ow, ch), axis=[kh, kw]), name="acc")
-    if q:
-        _check_int8(k, node, [node.inputs[0], node.name])
-        if tx.quant != ty.quant:
-            k.fail("int8 avg_pool2d needs the same quantisation on input and output (TFLite)")
+    _check_int8(k, node, [node.inputs[0], node.name])
+    if tx.quant != ty.quant:
+        k.fail("int8 avg_pool2d needs the same quantisation on input and output (TFLite)")
 
-        def body(n, oh, ow, ch):
-            cnt = _window_count(oh, ow, G)
-            s = acc[n, oh, ow, ch]
-            half = tirx.truncdiv(cnt, 2)
-            r = tirx.Select(s > 0, tirx.truncdiv(s + half, cnt), tirx.truncdiv(s - half, cnt))
-            return qmath.clamp(r, -128, 127).astype("int8")
-        return te.compute(ty.shape, body, name="avgpool")
-    if node.attrs["count_include_pad"]:
-        return te.compute(ty.shape, lambda *i: acc(*i) / tirx.const(float(G["KH"] * G["KW"]), F32), name="avgpool")
-    return te.compute(ty.shape, lambda n, oh, ow, ch: acc[n, oh, ow, ch] / _window_count(oh, ow, G).astype(F32),
-                      name="avgpool")
+    def body(n, oh, ow, ch):
+        cnt = _window_count(oh, ow, G)
+        s = acc[n, oh, ow, ch]
+        half = tirx.truncdiv(cnt, 2)
+        r = tirx.Select(s > 0, tirx.truncdiv(s + half, cnt), tirx.truncdiv(s - half, cnt))
+        return qmath.clamp(r, -128, 127).astype("int8")
+    return te.compute(ty.shape, body, name="avgpool")
 
 
 @lower_rule("max_pool2d")
 def lower_max_pool(k, node, xs):
+    if not quantized(k, node):
+        return None                          # float: the op's TE compute
     x = xs[0]
     tx, ty, G = _pool_common(k, node)
     kh = te.reduce_axis((0, G["KH"]), "kh")
     kw = te.reduce_axis((0, G["KW"]), "kw")
-    q = quantized(k, node)
-    if q and tx.quant != ty.quant:
+    if tx.quant != ty.quant:
         k.fail("int8 max_pool2d needs the same quantisation on input and output (TFLite)")
     lowest = tirx.const(-128, "int8") if tx.dtype == "int8" else tirx.min_value(tx.dtype)
 

@@ -92,13 +92,13 @@ def fuse(graph, nodes, views):
     return groups
 
 
-def check_supported(graph, nodes, views, backend="c"):
-    """Needs: nothing. Every node that becomes a kernel has a C lowering: fail early naming the
-    op and node."""
-    from .lower import LoweringError
+def check_supported(graph, nodes, views):
+    """Needs: nothing. Every node that becomes a kernel has a C lowering (a C override or the
+    op's TE compute): fail early naming the op and node."""
+    from .lower import LoweringError, c_lowerable
     for n in nodes:
         if n.name in views:
             continue
-        if backend not in get_op(n.op).lower:
+        if not c_lowerable(n.op):
             ins = ", ".join(str(graph.types[i]) for i in n.inputs)
             raise LoweringError(f"node {n.name!r}: op '{n.op}' has no C lowering (inputs {ins})")

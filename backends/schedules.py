@@ -14,9 +14,13 @@ On Cortex-M0+/M3 (no DSP extension) the same helpers compile to their portable C
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from tvm import s_tir, te, tirx
 from tvm.script import tirx as T
+
+from kiln.frontend.ops.nn import conv_geometry
 
 from .qmath import c
 
@@ -268,14 +272,15 @@ def dsp_dense_schedule(K, zx, N, optimize="size"):
     return sched
 
 
-def depthwise_schedule(sch, out_block):
+def depthwise_schedule(sch, out_block, acc="acc"):
     """int8/float depthwise conv, plain C on every core: the accumulators of one output pixel
     (C_out int32s, a local array) are computed tap by tap with the channel loop innermost, so
     the padding test of a tap is loop-invariant in the channel loop and each input pixel and
-    weight tap are read sequentially; injective stages (pad, bias, requantisation) inlined."""
-    _inline_rest(sch, {out_block, "acc"})
+    weight tap are read sequentially; injective stages (pad, bias, requantisation) inlined.
+    ``acc``: the accumulating block ("acc" in the int8 kernels, "conv2d" in the op's TE compute)."""
+    _inline_rest(sch, {out_block, acc})
     loops = sch.get_loops(sch.get_sblock(out_block))
-    acc = sch.get_sblock("acc")
+    acc = sch.get_sblock(acc)
     sch.compute_at(acc, loops[-2], preserve_unit_loops=False)
     c, kh, kw = sch.get_loops(acc)[-3:]
     sch.reorder(kh, kw, c)
@@ -415,3 +420,17 @@ def conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits, out_shape=None):
     yb = tirx.decl_buffer(shape, "int8", name="conv", elem_offset=0)
     return te.extern(shape, [x, wp, q], fcompute, name="conv", dtype="int8",
                      in_buffers=bufs, out_buffers=[yb])
+
+
+def _te_conv2d(in_types, out_type, attrs, target):
+    """Float depthwise convs (the op's TE compute, reduction block "conv2d") on targets with Kiln
+    kernels: ``depthwise_schedule``."""
+    G = conv_geometry(in_types[0].shape, in_types[1].shape, attrs)
+    if target.kernels and G["I"] == 1 and G["g"] == G["C"] and G["g"] > 1:
+        return functools.partial(depthwise_schedule, acc="conv2d")
+    return None
+
+
+# op -> (in_types, out_type, attrs, target) -> schedule or None, for nodes the C backend lowers
+# through the op's TE compute (every other one gets lower.default_schedule)
+TE_SCHEDULES = {"conv2d": _te_conv2d}

@@ -120,6 +120,9 @@ _DROP = re.compile(r"^(#define TVM_EXPORTS|#include\s+\"tvm/|void\* __tvm_ffi__l
                    r"extern \"C\"|#endif|// tvm target)")
 
 
+_INF = re.compile(r"(?<![\w.])inff\b")
+
+
 def build_c(mods, ro=None):
     """C source for several lowered modules: each function ``static``, read-only pointer
     parameters ``const``, extern prototypes dropped. ``ro``: function -> read-only param names."""
@@ -149,6 +152,9 @@ def build_c(mods, ro=None):
                 new.append(f"{t} {n}")
             line = f"static void {fname}({', '.join(new)}) {{"
         lines.append(line)
+    # TVM's C codegen prints float infinity as "inff" (e.g. the -inf padding of float max
+    # pooling); kernels.c includes <math.h>, whose INFINITY is the C spelling
+    lines = [_INF.sub("INFINITY", ln) for ln in lines]
     chunks, cur = [], []
     for ln in lines:
         if ln.startswith("static void ") and cur:

@@ -3,9 +3,8 @@ bytes and peak activation bytes (inputs and node outputs live from definition to
 graph order; weights are not counted)."""
 from __future__ import annotations
 
-import math
-
 from kiln.frontend.errors import KilnError
+from kiln.frontend.registry import get_op
 
 
 def add_arguments(p):
@@ -23,16 +22,12 @@ def _q(t):
 
 
 def macs(graph, node) -> int:
-    """Multiply-accumulates of one node (conv2d, dense, matmul; 0 for the others)."""
-    t = graph.types
-    if node.op == "conv2d":
-        o, w = t[node.name].shape, t[node.inputs[1]].shape
-        return math.prod(o) * w[1] * w[2] * w[3]
-    if node.op == "dense":
-        return math.prod(t[node.name].shape) * t[node.inputs[1]].shape[1]
-    if node.op == "matmul":
-        return math.prod(t[node.name].shape) * t[node.inputs[0]].shape[-1]
-    return 0
+    """Multiply-accumulates of one node (the op's ``macs`` rule: conv2d, dense, matmul and the
+    conv gradients; 0 for the others)."""
+    fn = get_op(node.op).macs
+    if fn is None:
+        return 0
+    return int(fn([graph.types[i] for i in node.inputs], graph.types[node.name], node.attrs))
 
 
 def peak_activation_bytes(graph) -> int:
