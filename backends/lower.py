@@ -174,9 +174,9 @@ def _check_te_types(k, node, op):
             k.fail(f"{node.op} on {t} ({v!r}) is not supported by the C backend (data types: "
                    f"{', '.join(C_DTYPES)})")
         if t.quant is not None and SHAPE not in op.props:
-            int8 = sorted(n for n, o in OPS.items() if BACKEND in o.lower)
+            int8 = sorted(n for n, o in OPS.items() if BACKEND in o.lower and o.int8_ref is not None)
             k.fail(f"{node.op} has no int8 kernel on the C backend ({v!r} is quantised: {t}); ops with "
-                   f"C int8 kernels: {', '.join(int8)}")
+                   f"C int8 kernels: {', '.join(int8)}, and data movement)")
 
 
 def lower_te(k, node, xs, attrs=None):

@@ -196,6 +196,52 @@ def test_float_ops_match_numpy(tmp_path):
         np.testing.assert_allclose(gt, w, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
+def test_float_ops_without_c_kernels_use_their_te_compute(tmp_path):
+    """The C backend has no kernel of its own for float ops: gradient ops, log_softmax and int32
+    arithmetic go through the op's TE compute like every float op, and match NumPy."""
+    g = Graph("te_on_c")
+    g.add_input("x", TensorType((2, 7, 6, 4)))
+    g.add_input("gy", TensorType((2, 4, 3, 5)))
+    g.add_input("gp", TensorType((2, 4, 3, 4)))
+    g.add_input("n", TensorType((3, 4), "int32"))
+    w = RNG.standard_normal((5, 3, 3, 4)).astype(np.float32)
+    g.add_const("w", w)
+    ca = {"stride": [2, 2], "padding": "same"}
+    pa = {"pool": [3, 3], "stride": [2, 2], "padding": "same"}
+    g.outputs = [
+        g.add_node("conv2d_grad_input", ["gy", "w"], dict(input_shape=[2, 7, 6, 4], **ca), name="cgi"),
+        g.add_node("conv2d_grad_weight", ["x", "gy"], dict(weight_shape=[5, 3, 3, 4], **ca), name="cgw"),
+        g.add_node("max_pool2d_grad", ["x", "gp"], pa, name="mpg"),
+        g.add_node("avg_pool2d_grad", ["gp"], dict(input_shape=[2, 7, 6, 4], **pa), name="apg"),
+        g.add_node("log_softmax", ["x"], {"axis": 2}, name="lsm"),
+        g.add_node("mul", ["n", "n"], name="nn"),
+        g.add_node("max", ["x"], {}, name="xmax"),          # a scalar result
+    ]
+    pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
+    feeds = [RNG.standard_normal((2, 7, 6, 4)).astype(np.float32),
+             RNG.standard_normal((2, 4, 3, 5)).astype(np.float32), RNG.standard_normal((2, 4, 3, 4)).astype(np.float32),
+             RNG.integers(-99, 99, (3, 4)).astype(np.int32)]
+    for name, want, got in zip(g.outputs, run(g, *feeds), pkg.run(*feeds)):
+        assert got.shape == want.shape and got.dtype == want.dtype, name
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
+    macs = {c["name"]: c["macs"] for c in pkg.manifest["commands"]}
+    assert macs["cgi"] == macs["cgw"] == 2 * 4 * 3 * 5 * 3 * 3 * 4
+
+
+def test_macs_are_the_ops_own(tmp_path):
+    """The manifest's MACs, kiln inspect's and the op's ``macs`` rule are one number."""
+    from kiln.commands.inspect import macs, summarize
+    g = _float_graph()
+    pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
+    per_node = {c["name"]: c["macs"] for c in pkg.manifest["commands"]}
+    for n in g.nodes:
+        if OPS[n.op].macs is not None:
+            assert per_node[n.name] == macs(g, n) > 0, n.name
+    assert pkg.manifest["macs"] == summarize(g)["macs"]
+    # conv2d [2, 6, 5, 4] * [6, 3, 3, 4] 'same', by hand
+    assert per_node["conv2d_0"] == 2 * 6 * 5 * 6 * 3 * 3 * 4
+
+
 def test_every_inference_op_has_a_c_lowering():
     import kiln.backends.ops  # noqa: F401
     from kiln.backends.lower import c_lowerable, register_pending
@@ -285,6 +331,27 @@ def test_unsupported_dtype_names_node(tmp_path):
     g.outputs = ["r64"]
     with pytest.raises(LoweringError, match=r"r64"):
         compile_pkg(g, target="cortex-m0plus", out_dir=tmp_path)
+
+
+def test_int8_op_without_int8_kernel_names_node(tmp_path):
+    """A quantised op the C backend has no int8 kernel for is refused, not computed on int8
+    codes by its float TE compute."""
+    g = Graph("bad")
+    g.add_input("a", TensorType((4,), "int8", q(0.1, 0)))
+    g.add_input("b", TensorType((4,), "int8", q(0.1, 0)))
+    g.add_node("sub", ["a", "b"], name="diff_here", out_type=TensorType((4,), "int8", q(0.2, 0)))
+    g.outputs = ["diff_here"]
+    with pytest.raises(LoweringError, match=r"diff_here.*sub has no int8 kernel.*add"):
+        compile_pkg(g, target="cortex-m4", out_dir=tmp_path, measure_size=False)
+
+
+def test_bool_result_names_node(tmp_path):
+    g = Graph("bad")
+    g.add_input("x", TensorType((4,)))
+    g.add_node("less", ["x", "x"], name="cmp_here")
+    g.outputs = ["cmp_here"]
+    with pytest.raises(LoweringError, match=r"cmp_here.*bool"):
+        compile_pkg(g, target="cortex-m4", out_dir=tmp_path, measure_size=False)
 
 
 def test_ram_budget_overflow_is_reported(tmp_path):
