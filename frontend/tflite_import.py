@@ -317,11 +317,12 @@ class _Importer:
                                    f"it (and it is not a constant or a graph input)")
             _CONVERT[opname](self, k, op, list(oins), o)
         for i in outs:
+            if self.tensors[i]["data"] is not None or i in self.folded:
+                raise self.err(f"graph output {self.label(i)} is a constant; Kiln compiles outputs that operators "
+                               f"compute (or graph inputs)")
             if i not in self.values:
-                if self.tensors[i]["data"] is None and i not in self.folded:
-                    raise self.err(f"graph output {self.label(i)} is never computed: no operator writes it and it "
-                                   f"is not a constant or an input")
-                self.value(i, len(self.ops), "graph output")
+                raise self.err(f"graph output {self.label(i)} is never computed: no operator writes it and it "
+                               f"is not an input")
             self.g.outputs.append(self.values[i])
         self.g.meta["source"] = os.path.basename(self.where)
         self.g.meta["tflite_tensors"] = {v: i for i, v in self.values.items()}

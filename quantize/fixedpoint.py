@@ -3,7 +3,7 @@
 These are the primitives of TFLite's int8 reference kernels, written to give the same bits:
 
 - :func:`quantize_multiplier` is TFLite's ``QuantizeMultiplier`` (frexp, round half away from
-  zero, the ``1 << 31`` carry, flush below ``2**-31``).
+  zero, the ``1 << 31`` carry, flush below ``2**-31``, saturation above ``2**30``).
 - :func:`multiply_by_quantized_multiplier` is ``MultiplyByQuantizedMultiplier`` with TFLite's
   default double rounding: ``SaturatingRoundingDoublingHighMul`` then ``RoundingDivideByPOT``.
 - :func:`exp_on_negative_values`, :func:`one_over_one_plus_x_for_x_in_0_1`,
@@ -57,7 +57,13 @@ def _round_scalar(x: float) -> int:
 def quantize_multiplier(real: float) -> tuple[int, int]:
     """TFLite ``QuantizeMultiplier``: ``real ~= multiplier * 2**(shift - 31)`` with
     ``multiplier`` in [2**30, 2**31). Returns ``(int32 multiplier, shift)``; shift > 0 is a left
-    shift. ``real`` is a Python float (double), as TFLite computes it."""
+    shift. ``real`` is a Python float (double), as TFLite computes it.
+
+    Like TFLite, a multiplier below ``2**-31`` flushes to ``(0, 0)`` and one of ``2**30`` or more
+    (a shift above 30) saturates to ``(2**31 - 1, 30)``: ``MultiplyByQuantizedMultiplier`` would
+    otherwise shift left by 31 or more, undefined behaviour in C (x86 and Arm compute different
+    bits). Kiln's reference and its generated C share these constants, so they agree bit for bit;
+    the .tflite importer rejects models that need such multipliers (docs/int8_ir.md)."""
     real = float(real)
     if real == 0.0:
         return 0, 0
@@ -72,6 +78,9 @@ def quantize_multiplier(real: float) -> tuple[int, int]:
     if shift < -31:
         shift = 0
         q_fixed = 0
+    if shift > 30:
+        shift = 30
+        q_fixed = (1 << 31) - 1
     return int(q_fixed), int(shift)
 
 

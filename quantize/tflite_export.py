@@ -224,6 +224,9 @@ class _Exporter:
             bq = QParams(tuple(float(np.float32(s_in) * np.float32(s)) for s in wq.scale), (0,) * len(wq.scale),
                          0 if len(wq.scale) > 1 else None)
             bias = [self.const(n.name + "/zero_bias", np.zeros(G["O"], np.int32), bq)]
+        elif not bias and not is_dw:
+            # TFLite's CONV_2D requires a bias in every dtype (its Prepare() checks has_bias)
+            bias = [self.const(n.name + "/zero_bias", np.zeros(G["O"], xt.dtype))]
         if is_dw:
             w = np.asarray(g.consts.get(n.inputs[1], g.params.get(n.inputs[1])))
             q = wt.quant
