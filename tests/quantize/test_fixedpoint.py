@@ -18,9 +18,41 @@ I32 = st.integers(-(1 << 31), (1 << 31) - 1)
     (2.0 ** -40, (0, 0)),                 # below 2**-31: flushed to zero
     (1.0 - 2.0 ** -40, (1 << 30, 1)),     # rounds up to 1 << 31: carried into the shift
     (3.0, (1610612736, 2)),
+    (2.0 ** 30 - 2.0 ** 5, (2147483584, 30)),   # the largest shift that needs no saturation
+    (2.0 ** 30, ((1 << 31) - 1, 30)),           # shift 31: saturated, as TFLite's QuantizeMultiplier
+    (1e12, ((1 << 31) - 1, 30)),
+    (3.4e38, ((1 << 31) - 1, 30)),
 ])
 def test_quantize_multiplier_cases(real, want):
     assert fp.quantize_multiplier(real) == want
+
+
+@given(st.floats(1e-12, 1e30))
+def test_quantize_multiplier_shift_never_exceeds_30(real):
+    m, s = fp.quantize_multiplier(real)
+    assert s <= 30 and (m == 0 or (1 << 30) <= m < (1 << 31))
+
+
+def test_huge_multipliers_reference_matches_generated_c(tmp_path):
+    """Effective scales of 1e12 and more: the reference used a left shift of 31+ (wrapping to 0)
+    while the generated C computed other bits; with TFLite's saturation both use (2^31 - 1, 30)."""
+    from kiln.backends import compile as compile_pkg
+    from kiln.backends.host import HostModel
+    from kiln.frontend import Graph, QParams, TensorType, run
+    rng = np.random.default_rng(0)
+    g = Graph("huge")
+    g.add_input("x", TensorType((1, 4, 4, 3), "int8", QParams((1.0,), (2,))))
+    g.add_const("w", rng.integers(-127, 128, (5, 1, 1, 3)).astype(np.int8),
+                QParams((1.0, 0.5, 1e-3, 2.0, 1e-9), (0,) * 5, 0))
+    g.add_const("b", rng.integers(-50, 50, 5).astype(np.int32))
+    g.add_node("conv2d", ["x", "w", "b"], {"activation": "none"}, name="y",
+               out_type=TensorType((1, 4, 4, 5), "int8", QParams((1e-12,), (-3,))))
+    g.add_node("mul", ["x", "x"], {}, name="m", out_type=TensorType((1, 4, 4, 3), "int8", QParams((1e-15,), (0,))))
+    g.outputs = ["y", "m"]
+    x = rng.integers(-128, 128, (1, 4, 4, 3)).astype(np.int8)
+    pkg = compile_pkg(g, target="host", out_dir=str(tmp_path), plot=False)
+    for got, want in zip(HostModel(pkg.path).run(x), run(g, x)):
+        np.testing.assert_array_equal(got, want)
 
 
 @given(st.floats(1e-9, 1e6))
