@@ -76,7 +76,10 @@ def dequantized(imp, i, k, opname, what):
     it: float32(scale * (q - zero_point)), per channel along the quantised axis."""
     t = imp.tensors[i]
     data = imp.const(i, k, opname, what)
-    if t["dtype"] == "float16" or data.dtype == np.float32:
+    if data.dtype == np.float32:
+        return data
+    imp.g.meta.setdefault("dequantized_weights", []).append(t["name"])
+    if t["dtype"] == "float16":
         return np.asarray(data, np.float32)
     q = t["quant"]
     if t["dtype"] != "int8" or q is None:
