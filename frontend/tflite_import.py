@@ -40,7 +40,7 @@ import numpy as np
 from flatbuffers import number_types as _fbt
 
 from . import tflite_checks as chk
-from .errors import KilnError, SerializationError, ShapeError
+from .errors import KilnError, ShapeError
 from .graph import Graph
 from .limits import check as check_limit
 from .registry import get_op

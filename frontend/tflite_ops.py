@@ -142,7 +142,7 @@ def _conv_geometry(imp, k, name, xshape, wshape, attrs):
     return G
 
 
-def _filter(imp, k, name, ins, depthwise):
+def _filter(imp, k, name, ins):
     """(input value, input dtype, filter array, filter QParams or None) for a conv: float32 filters
     for float inputs (int8 ones dequantised: a hybrid model), int8 for int8 inputs."""
     w = _w(k, name)
@@ -173,7 +173,7 @@ def _conv(imp, k, op, ins, out):
         raise imp.err(f"{_w(k, name)} has no Conv2DOptions (TFLite then reads strides of 0 and rejects it)")
     attrs = _window_attrs(imp, k, name, o)
     act = _act(imp, k, name, o.FusedActivationFunction())
-    x, dtype, wdata, wq = _filter(imp, k, name, ins, False)
+    x, dtype, wdata, wq = _filter(imp, k, name, ins)
     xt = imp.g.types[x]
     C, I, O = xt.shape[3], wdata.shape[3], wdata.shape[0]
     if C % I or O % (C // I):
@@ -198,7 +198,7 @@ def _depthwise(imp, k, op, ins, out):
         raise imp.err(f"{_w(k, name)} has no DepthwiseConv2DOptions (TFLite then reads strides of 0 and rejects it)")
     attrs = _window_attrs(imp, k, name, o)
     act = _act(imp, k, name, o.FusedActivationFunction())
-    x, dtype, wdata, wq = _filter(imp, k, name, ins, True)
+    x, dtype, wdata, wq = _filter(imp, k, name, ins)
     xt = imp.g.types[x]
     C = xt.shape[3]
     if wdata.shape[0] != 1 or wdata.shape[3] % C:

@@ -2,8 +2,8 @@
 shared MLPerf Tiny models (byte flips, truncations, offsets, vector lengths, dims, scales, zero
 points, quantized dimensions, types, buffers, operator indices, op codes, options, weights) through
 Kiln's import and ``kiln inspect``'s summary, LiteRT's reference interpreter and Kiln's reference,
-and a deterministic sample through ``kiln compile`` (Cortex-M4, -Wall -Wextra -Werror) and the
-generated C on the host. Each mutant runs in a worker under a memory ulimit.
+and a deterministic sample through ``kiln compile`` (every Cortex-M core in turn, --optimize size
+and speed, arm-none-eabi-gcc -Wall -Wextra -Werror) and the generated C on the host. Each mutant runs in a worker under a memory ulimit.
 
 The result must be: no traceback, hang, crash or out-of-memory in any Kiln stage; no file Kiln
 accepts that LiteRT refuses; no output where Kiln's reference differs from LiteRT or from its own C;
@@ -20,15 +20,16 @@ BAD = FAILURES + ("diff", "compile_rejected")
 
 
 def _describe(r):
-    return (f"{r['model']} mutant {r['index']} (seed {r['seed']}, {r.get('kind')}: {r.get('mutation')}): "
-            f"{r['outcome']} at {r.get('stage', '-')} {r.get('culprit', '')}\n    {(r.get('message') or '')[-600:]}")
+    return (f"{r['model']} mutant {r['index']} (seed {r['seed']}, {r.get('kind')}: {r.get('mutation')}, "
+            f"compile {r.get('compiled')}): {r['outcome']} at {r.get('stage', '-')} {r.get('culprit', '')}\n"
+            f"    {(r.get('message') or '')[-600:]}")
 
 
 def _check(records):
     s = summary(records)
     bad = [r for r in records if r["outcome"] in BAD]
     assert not bad, (f"{len(bad)} of {len(records)} mutants failed ({s['outcomes']}); reproduce one with "
-                     f"tests.frontend.tflite_campaign.evaluate(path, seed, index, None):\n"
+                     f"tests.frontend.tflite_campaign.evaluate(path, seed, index, compile):\n"
                      + "\n".join(_describe(r) for r in bad[:10]))
     vague = [r for r in records if "corrupt flatbuffer (" in (r.get("message") or "")]
     assert not vague, "refused with the catch-all message:\n" + "\n".join(_describe(r) for r in vague[:10])

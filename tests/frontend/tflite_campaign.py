@@ -13,6 +13,7 @@ litert_rejects         Kiln accepted a file LiteRT refuses (load, AllocateTensor
 diff                   both ran it and an output differs; ``culprit`` names the first TFLite operator
                        whose output differs while its inputs agree
 c_diff                 the generated C differs from Kiln's reference (compiled sample)
+late_error             imported, then a later Kiln stage (inspect, reference) raised a KilnError
 compile_rejected       ``kiln compile`` refused an imported mutant with a KilnError
 traceback              any Kiln stage raised something that is not a KilnError
 hang                   a Kiln stage exceeded the time limit
@@ -47,7 +48,8 @@ from tests.frontend.tflite_mutants import mutant
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MEM_LIMIT_MB = 4096
-FAILURES = ("traceback", "hang", "crash", "memory", "c_diff", "litert_rejects")
+CORES = ("cortex-m4", "cortex-m0plus", "cortex-m7", "cortex-m33", "cortex-m55", "cortex-m3")
+FAILURES = ("traceback", "late_error", "hang", "crash", "memory", "c_diff", "litert_rejects")
 
 
 # ---- worker side ------------------------------------------------------------------------------
@@ -135,15 +137,17 @@ def _culprit(data, g, ref_vals, lit_tensors):
     return "an output"
 
 
-def _compile_and_run(g, xs, ref_outs, optimize):
-    """``kiln compile`` for a Cortex-M4 (its sources are built with -Wall -Wextra -Werror) and for
-    the host, whose C runs on ``xs`` and must equal the reference bit for bit."""
+def _compile_and_run(g, xs, ref_outs, job):
+    """``kiln compile`` for a Cortex-M core (its sources are built with arm-none-eabi-gcc -Wall
+    -Wextra -Werror) and for the host, whose C runs on ``xs`` and must equal the reference bit for
+    bit. ``job``: {"target": core, "optimize": "size" | "speed"}."""
     from kiln import hil
     from kiln.backends.host import HostModel
     d = tempfile.mkdtemp(prefix="kiln_campaign_")
+    optimize = job["optimize"]
     try:
-        _stage("compile cortex-m4")
-        hil.compile_model(g, "cortex-m4", os.path.join(d, "m4"), plot=False, optimize=optimize)
+        _stage(f"compile {job['target']} --optimize {optimize}")
+        hil.compile_model(g, job["target"], os.path.join(d, "mcu"), plot=False, optimize=optimize)
         _stage("compile host")
         pkg = hil.compile_model(g, "host", os.path.join(d, "pkg"), plot=False, optimize=optimize)
         _stage("host C")
@@ -159,7 +163,7 @@ def _compile_and_run(g, xs, ref_outs, optimize):
 
 def evaluate(path, seed, index, do_compile):
     """One mutant through every stage (in this process); returns its record. ``do_compile``: None,
-    or the --optimize mode ("size"/"speed") of the compile stage."""
+    or {"target": a Cortex-M core, "optimize": "size" | "speed"} for the compile stage."""
     from kiln.commands.inspect import summarize
     from kiln.frontend import KilnError, run
     from kiln.frontend.tflite_import import load_tflite
@@ -199,16 +203,19 @@ def evaluate(path, seed, index, do_compile):
         rec["outcome"] = "same"
         if do_compile:
             stage = "compile"
+            rec["compiled"] = do_compile
             try:
                 outcome, msg = _compile_and_run(g, xs, ref_outs, do_compile)
             except KilnError as e:
                 outcome, msg = "compile_rejected", str(e)
             if outcome is not None:
                 rec.update(outcome=outcome, message=msg)
-            rec["compiled"] = True
         return rec
     except MemoryError:
         rec.update(outcome="memory", stage=stage, message=traceback.format_exc()[-2000:])
+        return rec
+    except KilnError as e:        # accepted by the importer, refused later: the import should have said so
+        rec.update(outcome="late_error", stage=stage, message=f"{type(e).__name__}: {e}")
         return rec
     except Exception:  # noqa: BLE001  (the point of the campaign: any escape is recorded)
         rec.update(outcome="traceback", stage=stage, message=traceback.format_exc()[-3000:])
@@ -317,12 +324,13 @@ def _run_jobs(jobs, workers, mem_mb, timeout):
 
 def run_campaign(paths, per_model, seed=0, compile_every=0, workers=2, mem_mb=MEM_LIMIT_MB, timeout=300):
     """Run ``per_model`` mutants of every model in ``paths``; mutants with ``index % compile_every
-    == 0`` that import and agree with LiteRT also go through compile + host C (alternately with
-    --optimize size and speed). Returns records."""
+    == 0`` that import and agree with LiteRT also go through compile + host C (the Cortex-M core and
+    --optimize mode taken in turn from CORES x (size, speed)). Returns records."""
     def mode(i):
         if not compile_every or i % compile_every:
             return None
-        return ("size", "speed")[i // compile_every % 2]
+        j = i // compile_every
+        return {"target": CORES[j % len(CORES)], "optimize": ("size", "speed")[j // len(CORES) % 2]}
     jobs = [{"path": os.fspath(p), "seed": seed, "index": i, "compile": mode(i)}
             for p in paths for i in range(per_model)]
     return _run_jobs(jobs, workers, mem_mb, timeout)
