@@ -54,3 +54,26 @@ def test_mutation_campaign_large(shared_models):
     """4,000 more mutants (another seed), every second one that imports compiled and run."""
     s = _check(run_campaign(_paths(shared_models), per_model=1000, seed=1, compile_every=2))
     assert s["mutants"] == 4000 and s["compiled"] >= 300
+
+
+def test_campaign_finding_werror_speed_build(shared_models, tmp_path):
+    """Found by the campaign: one channel of a 1x1 conv with a tiny weight scale takes the patch
+    path, whose inlined tail loop gcc flagged (-Werror=aggressive-loop-optimizations) in
+    --optimize speed builds: `kiln compile` raised CalledProcessError."""
+    import shutil
+
+    import numpy as np
+
+    from kiln import hil
+    from kiln.backends.host import HostModel
+    from kiln.frontend import run
+    from kiln.frontend.tflite_import import load_tflite
+    from tests.frontend.tflite_builder import patch
+    if shutil.which("arm-none-eabi-gcc") is None:
+        pytest.skip("needs arm-none-eabi-gcc")
+    with open(os.path.join(shared_models, "kws_ref_model.tflite"), "rb") as f:
+        g = load_tflite(patch(f.read(), "tensor 17.scale[28]", 2e-10))
+    hil.compile_model(g, "cortex-m4", str(tmp_path / "m4"), plot=False, optimize="speed")
+    pkg = hil.compile_model(g, "host", str(tmp_path / "host"), plot=False, optimize="speed")
+    x = np.random.default_rng(0).integers(-128, 128, g.types[g.inputs[0]].shape).astype(np.int8)
+    np.testing.assert_array_equal(HostModel(pkg.path).run(x)[0], run(g, x)[0])
