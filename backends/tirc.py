@@ -162,11 +162,25 @@ def build_c(mods, ro=None):
             cur = []
         cur.append(ln)
     chunks.append(cur)
-    out = "\n".join(ln for ch in chunks for ln in _drop_unused_locals(ch))
+    out = "\n".join(ln for ch in chunks for ln in _void_unused_params(_drop_unused_locals(ch)))
     return re.sub(r"\n{3,}", "\n\n", out).strip() + "\n"
 
 
 _DECL = re.compile(r"^\s*(?:const )?\w+ (\w+) = [^;]*;\s*$")
+_SIG = re.compile(r"^static void \w+\((.*)\) \{$")
+
+
+def _void_unused_params(lines):
+    """A kernel whose body the simplifier emptied or made constant (a zero-size tensor, an
+    activation range of one value) no longer reads some parameters: cast those to void, so the
+    package compiles with -Wall -Wextra -Werror (-Wunused-parameter)."""
+    m = _SIG.match(lines[0]) if lines else None
+    if not m:
+        return lines
+    body = "\n".join(lines[1:])
+    names = [a.rpartition(" ")[2].lstrip("*") for a in m.group(1).split(", ") if a.strip()]
+    unused = [n for n in names if not re.search(r"\b%s\b" % re.escape(n), body)]
+    return [lines[0]] + [f"  (void){n};" for n in unused] + lines[1:]
 
 
 def _drop_unused_locals(lines):

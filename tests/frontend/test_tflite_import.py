@@ -46,3 +46,24 @@ def test_float_model_round_trip():
     g2 = load_tflite(data)
     assert [n.op for n in g2.nodes] == [n.op for n in g.nodes]
     np.testing.assert_allclose(run(g2, x)[0], run(g, x)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_zero_size_model_compiles_with_werror(tmp_path):
+    """TFLite allows zero-size tensors; the generated kernel then reads none of its parameters,
+    which -Wall -Wextra -Werror refused (unused parameter) in `kiln compile` for a Cortex-M."""
+    import shutil
+
+    from kiln import hil
+    from kiln.backends.host import HostModel
+    from kiln.frontend import run
+    from tests.frontend.tflite_builder import Builder
+    b = Builder("empty_batch")
+    x = b.tensor("x", (0, 4), "int8", scale=0.1, zero_point=0)
+    y = b.tensor("y", (0, 4), "int8", scale=0.1, zero_point=-128)
+    b.op("RELU", [x], [y], None, True)
+    g = load_tflite(b.build([x], [y]))
+    x0 = np.zeros((0, 4), np.int8)
+    if shutil.which("arm-none-eabi-gcc"):
+        hil.compile_model(g, "cortex-m4", str(tmp_path / "m4"), plot=False)
+    pkg = hil.compile_model(g, "host", str(tmp_path / "host"), plot=False)
+    assert HostModel(pkg.path).run(x0)[0].shape == run(g, x0)[0].shape == (0, 4)
