@@ -362,7 +362,11 @@ def main(argv=None):
     ap.add_argument("--compile-every", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", help="write every record to this file")
+    ap.add_argument("--litert-all", action="store_true",
+                    help="also ask LiteRT about the files Kiln refuses (how often is Kiln stricter?)")
     a = ap.parse_args(argv)
+    if a.litert_all:
+        os.environ["KILN_CAMPAIGN_LITERT_ALL"] = "1"      # the workers inherit it
     if a.worker:
         worker_main(a.mem_mb)
         return
