@@ -1,5 +1,5 @@
 """gemmlowp fixed-point primitives as TIR expressions (run time), the counterparts of
-``kiln.quantize.fixedpoint``. Used by the int8 softmax: exp of the possible input differences
+``kiln.frontend.fixedpoint``. Used by the int8 softmax: exp of the possible input differences
 (those above diff_min) is tabulated at compile time with the int8 reference's functions; the
 reciprocal of the sum runs in the kernel."""
 from __future__ import annotations

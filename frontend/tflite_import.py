@@ -23,14 +23,9 @@ and quantisation as TFLite's kernels' Prepare() require, and each node's shape r
 shapes the file records. Anything wrong raises :class:`TFLiteImportError` naming the tensor or
 operator, the field, the value and the allowed range. An unsupported op fails with its name, its
 operator index and the list of every unsupported op in the file.
-
-The int8 ops ``quantize``/``dequantize`` and the ``int8_ref`` rules are registered by
-``kiln.quantize``, which this module imports when it loads a file (the one place the frontend
-needs it: a quantised graph is not runnable without those rules).
 """
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import re
@@ -97,7 +92,6 @@ def load_tflite(path, name=None) -> Graph:
                 buf = f.read()
         except OSError as e:
             raise TFLiteImportError(f"{where}: cannot read ({e})") from None
-    importlib.import_module("kiln.quantize")   # registers quantize/dequantize and the int8 rules
     gname = name or (os.path.splitext(os.path.basename(where))[0] if where != "<bytes>" else "tflite")
     try:
         if len(buf) < 8:

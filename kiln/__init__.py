@@ -19,7 +19,4 @@ from kiln.frontend.functional import (add, sub, mul, div, neg, exp, log, sqrt, t
                                       concat, pad, broadcast_to, softmax, log_softmax, cast, constant)
 from kiln.autodiff import check_grads, checkpoint, grad, hvp, jvp, vjp  # noqa: E402,F401
 from kiln import nn  # noqa: E402,F401
-# The int8 rules and the quantize/dequantize/fake_quant ops: whatever a user imports from Kiln
-# (kiln, kiln.frontend, ...), this package is initialised first, so a loaded int8 graph always
-# runs with TFLite's int8 semantics (no order dependence).
-from kiln import quantize as _quantize  # noqa: E402,F401
+

@@ -124,7 +124,7 @@ def _fit_input(a, t, what):
     if t.dtype in ("int8", "int16", "uint8") and a.dtype.kind == "f":
         if t.quant is None:
             raise SampleError(f"{what}: float data for an integer input without quantisation parameters")
-        from kiln.quantize.ops import quantize_array
+        from kiln.frontend.ops.quant import quantize_array
         return quantize_array(a, t.quant.scale[0], t.quant.zero_point[0], t.dtype)
     if a.dtype.kind not in "fiub":
         raise SampleError(f"{what}: {a.dtype} data")

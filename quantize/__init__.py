@@ -1,18 +1,17 @@
 """Kiln's quantisation (TFLite int8 semantics; see docs/quantization.md and docs/int8_ir.md).
 
-- The int8 reference: ``int8_ref`` rules on the registry entries (filled when this package is
-  imported), run by the frontend executor; ``fixedpoint`` holds the TFLite/gemmlowp primitives
-  (``quantize_multiplier``, ``multiply_by_quantized_multiplier``, ...) that backends reuse.
-- New ops: ``quantize``, ``dequantize``, ``fake_quant`` (QAT).
+- The int8 reference itself lives with the ops (``int8_ref`` of each op in kiln.frontend.ops,
+  the TFLite/gemmlowp primitives in kiln.frontend.fixedpoint; the ops ``quantize``,
+  ``dequantize``, ``fake_quant`` in kiln.frontend.ops.quant): a loaded int8 graph runs
+  without this package. This package turns float graphs into int8 ones:
 - ``ptq(graph, calibration_data, per_channel=True, method="minmax"|"percentile"|"mse", int8_io=False)``
 - ``qat(graph, train, test, ...)``: fake-quantised fine-tuning with kiln.training, then conversion.
 - ``export_tflite(graph, path=None)``; .tflite import is ``kiln.frontend.tflite_import.load_tflite``.
 """
-from . import fixedpoint  # noqa: F401
-from . import ops  # noqa: F401  (registers quantize / dequantize / fake_quant)
-from . import int8_elementwise, int8_linear, int8_shape  # noqa: F401  (fill the int8_ref rules)
+from kiln.frontend import fixedpoint  # noqa: F401  (kiln.quantize.fixedpoint, as before)
+from kiln.frontend.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier  # noqa: F401
+
 from .calibrate import calibrate, qparams_from_range  # noqa: F401
-from .fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier  # noqa: F401
 from .graph_passes import fold_batchnorm, fuse_activations, prepare, with_batch  # noqa: F401
 from .ptq import QuantizationError, convert, ptq  # noqa: F401
 from .qat import FakeQuantModule, QATResult, qat  # noqa: F401

@@ -1,2 +1,2 @@
 """Op definitions: importing this package fills the registry."""
-from . import elementwise, nn, reduce_shape  # noqa: F401
+from . import elementwise, nn, quant, reduce_shape  # noqa: F401

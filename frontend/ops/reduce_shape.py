@@ -9,7 +9,9 @@ import numpy as np
 
 from .. import functional as F
 from ..errors import ShapeError
-from ..registry import QUANTIZABLE, REDUCTION, SAME_AS_INPUT, SHAPE, Attr, Quant, defrule, register
+from ..registry import QUANTIZABLE, REDUCTION, SAME_AS_INPUT, SHAPE, Attr, Quant, defrule, get_op, register
+from .. import fixedpoint as fp
+from .int8util import clamp8, f32, int8_io, need_int8, same_quant
 from ._util import need_float, norm_axes, reduced_shape, tt
 
 _RED = {"axes": Attr("ints", None), "keepdims": Attr("bool", False)}
@@ -418,3 +420,102 @@ register("broadcast_to", attrs={"shape": Attr("ints", ())}, infer=_bt_infer,
 def _broadcast_to_te(T, xs, a, out):
     x = xs[0]
     return T.te.compute(out.shape, lambda *i: T.bidx(x, out.shape, i), name="broadcast_to")
+
+
+# ---- int8 references: mean and data movement --------------------------------------------------------
+# int8 reference rules for pooling, mean and data movement (TFLite reference kernels):
+#
+# - (pooling: frontend/ops/nn.py) ``avg_pool2d``: sum of the raw values of the in-image taps, divided with rounding half away from
+#   zero: ``(sum +- count/2) / count`` (C division); input and output share scale and zero point.
+# - ``max_pool2d``, ``reshape``: on the raw int8 values.
+# - ``mean``: reference_ops::QuantizedMeanOrSum: raw sum, ``1/count`` folded into the multiplier of
+#   ``in_scale / out_scale``.
+# - ``pad``: fills with the quantised pad value (the zero point for value 0).
+# - ``concat``: TFLite int8 requires every input to share the output's scale and zero point.
+
+@defrule("reshape", "int8_ref")
+def reshape_int8(xs, attrs, in_types, out_type):
+    return get_op("reshape").ref(xs, attrs)
+
+
+def mean_params(in_scale, out_scale, count):
+    """(multiplier, shift) of reference_ops::QuantizedMeanOrSum with 1/count folded in."""
+    m, s = fp.quantize_multiplier(f32(in_scale) / f32(out_scale))
+    k = int(count).bit_length() - 1
+    k = min(k, 32, 31 + s)
+    m = int((m << k) // int(count))
+    return m, s - k
+
+
+@defrule("mean", "int8_ref")
+def mean_int8(xs, attrs, in_types, out_type):
+    (si, zi), (so, zo) = int8_io(in_types, out_type, "mean")
+    x = xs[0].astype(np.int64)
+    axes = norm_axes(attrs["axes"], x.ndim, "mean")
+    count = int(np.prod([x.shape[a] for a in axes])) if axes else 1
+    total = fp.wrap_int32(x.sum(axis=axes, keepdims=attrs["keepdims"]))
+    if count == 0:
+        return np.zeros(out_type.shape, np.int8)
+    m, s = mean_params(si, so, count)
+    y = fp.multiply_by_quantized_multiplier(fp.wrap_int32(total - zi * count), m, s) + zo
+    return clamp8(y)
+
+
+@defrule("pad", "int8_ref")
+def pad_int8(xs, attrs, in_types, out_type):
+    need_int8(in_types[0], "input", "pad")
+    so, zo = same_quant(in_types[0], out_type, "pad")
+    value = int(np.clip(fp.quantize_value(attrs["value"], so, zo), -128, 127))
+    a = dict(attrs, value=float(value))
+    return get_op("pad").ref(xs, a)
+
+
+@defrule("concat", "int8_ref")
+def concat_int8(xs, attrs, in_types, out_type):
+    for k, t in enumerate(in_types):
+        need_int8(t, f"input {k}", "concat")
+        same_quant(t, out_type, "concat")
+    return np.concatenate(xs, axis=attrs["axis"])
+
+
+# ---- int8 softmax (TFLite's reference_ops::Softmax, gemmlowp fixed point) ----------------------
+SOFTMAX_SCALED_DIFF_INTEGER_BITS = 5
+SOFTMAX_ACCUMULATION_INTEGER_BITS = 12
+
+
+def softmax_params(input_scale, beta=1.0):
+    """(input_multiplier, input_left_shift, diff_min) of TFLite's int8 reference softmax."""
+    m, s = fp.preprocess_softmax_scaling(beta, f32(input_scale), SOFTMAX_SCALED_DIFF_INTEGER_BITS)
+    diff_min = -fp.calculate_input_radius(SOFTMAX_SCALED_DIFF_INTEGER_BITS, s)
+    return m, s, diff_min
+
+
+def softmax_int8_rows(x, input_scale, beta=1.0):
+    """reference_ops::Softmax for int8 -> int8 (output scale 1/256, zero point -128) over the
+    last axis of ``x``."""
+    mult, left_shift, diff_min = softmax_params(input_scale, beta)
+    x = np.asarray(x, np.int64)
+    diff = x - x.max(axis=-1, keepdims=True)
+    use = diff >= diff_min
+    rescaled = fp.multiply_by_quantized_multiplier_greater_than_one(diff, mult, left_shift)
+    e = fp.exp_on_negative_values(rescaled, SOFTMAX_SCALED_DIFF_INTEGER_BITS)
+    terms = np.where(use, fp.saturating_rounding_multiply_by_pot(e, -SOFTMAX_ACCUMULATION_INTEGER_BITS), 0)
+    # the C loop adds in int32 (no saturation); a row never comes close to overflowing
+    total = fp.wrap_int32(terms.sum(axis=-1, keepdims=True))
+    scale, bits_over_unit = fp.get_reciprocal(total, SOFTMAX_ACCUMULATION_INTEGER_BITS)
+    exponent = bits_over_unit + 31 - 8
+    out = fp.rounding_divide_by_pot(fp.saturating_rounding_doubling_high_mul(scale, e), exponent) - 128
+    return np.where(use, np.clip(out, -128, 127), -128).astype(np.int8)
+
+
+@defrule("softmax", "int8_ref")
+def softmax_int8(xs, attrs, in_types, out_type):
+    (si, _), (so, zo) = int8_io(in_types, out_type, "softmax")
+    if zo != -128 or abs(so - 1.0 / 256) > 0.001 / 256:
+        raise ShapeError(f"softmax: TFLite's int8 softmax needs output scale 1/256 and zero point -128, "
+                         f"got {out_type}")
+    x = xs[0]
+    ax = attrs["axis"] % x.ndim
+    if ax != x.ndim - 1:
+        return np.moveaxis(softmax_int8_rows(np.moveaxis(x, ax, -1), si), -1, ax)
+    return softmax_int8_rows(x, si)

@@ -99,7 +99,7 @@ def outputs(graph, arrays, batch=256):
     (int8 outputs dequantised; float inputs quantised for int8 inputs)."""
     from kiln.frontend import run
     from kiln.quantize.graph_passes import with_batch
-    from kiln.quantize.ops import quantize_array
+    from kiln.frontend.ops.quant import quantize_array
     n = len(arrays[0])
     res = [[] for _ in graph.outputs]
     for i in range(0, n, batch):

@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from kiln.quantize.int8_linear import fc_requant_constants, fc_requantize
+from kiln.frontend.ops.nn import fc_requant_constants, fc_requantize
 
 INCLUDE = os.path.join(os.path.dirname(__file__), "..", "..", "backends", "include")
 WRAPPER = r"""

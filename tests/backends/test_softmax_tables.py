@@ -13,8 +13,8 @@ from kiln.backends import compile as compile_pkg
 from kiln.backends import cpus
 from kiln.backends.ops_misc import softmax_exp_table
 from kiln.frontend import Graph, QParams, TensorType
-from kiln.quantize import fixedpoint as fp
-from kiln.quantize.int8_elementwise import (SOFTMAX_ACCUMULATION_INTEGER_BITS, SOFTMAX_SCALED_DIFF_INTEGER_BITS,
+from kiln.frontend import fixedpoint as fp
+from kiln.frontend.ops.reduce_shape import (SOFTMAX_ACCUMULATION_INTEGER_BITS, SOFTMAX_SCALED_DIFF_INTEGER_BITS,
                                             softmax_int8_rows, softmax_params)
 
 RNG = np.random.default_rng(11)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kiln.quantize import fixedpoint as fp
+from kiln.frontend import fixedpoint as fp
 
 I32 = st.integers(-(1 << 31), (1 << 31) - 1)
 

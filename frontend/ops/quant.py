@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.frontend import functional as F
-from kiln.frontend.errors import ShapeError
-from kiln.frontend.registry import ELEMENTWISE, NONDIFF, QUANTIZABLE, REQUIRED, UNARY, Attr, get_op, register
-from kiln.frontend.types import QParams, TensorType
+from .. import functional as F
+from ..errors import ShapeError
+from ..registry import ELEMENTWISE, NONDIFF, QUANTIZABLE, REQUIRED, UNARY, Attr, get_op, register
+from ..types import QParams, TensorType
 
-from . import fixedpoint as fp
-from ._qutil import f32, per_tensor
+from .. import fixedpoint as fp
+from .int8util import f32, per_tensor
 
 _INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "int32": (-(1 << 31), (1 << 31) - 1)}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.frontend.errors import ShapeError
+from ..errors import ShapeError
 
 QMIN, QMAX = -128, 127
 
@@ -61,3 +61,12 @@ def trunc_div(a, b):
     a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
     q = np.abs(a) // np.abs(b)
     return np.where((a < 0) != (b < 0), -q, q)
+
+
+def same_quant(t_in, t_out, op):
+    si, zi = per_tensor(t_in, "input", op)
+    so, zo = per_tensor(t_out, "output", op)
+    if zi != zo or abs(si - so) > 1e-6:
+        raise ShapeError(f"{op}: TFLite's int8 {op} keeps the quantisation: input {t_in} and output "
+                         f"{t_out} must share scale and zero point")
+    return si, zi
