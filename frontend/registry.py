@@ -116,6 +116,9 @@ _RULE_NAMES = {"infer": "shape rule", "ref": "NumPy reference", "vjp": "VJP",
                "int8_ref": "int8 reference", "te": "TE lowering", "macs": "MAC count"}
 
 OPS: dict[str, OpDef] = {}
+# TFLite builtin op name -> import converter, filled next to each op's definition
+# (frontend/ops/tflite_util.importer); the importer's list of supported ops is its keys
+TFLITE_IMPORTERS: dict = {}
 
 
 def register(name, *, attrs=None, infer=None, ref=None, vjp=None, props=(), arity=None, doc="", quant=None):

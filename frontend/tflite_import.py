@@ -1,9 +1,8 @@
 """.tflite import: a TFLite flatbuffer (int8, float32 or dynamic-range "hybrid") -> a Kiln
 :class:`Graph` (NHWC).
 
-Supported builtin ops: CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, AVERAGE_POOL_2D, MAX_POOL_2D,
-ADD, MUL, RESHAPE, SOFTMAX, QUANTIZE, DEQUANTIZE, PAD, MEAN, CONCATENATION, LOGISTIC, TANH, RELU,
-RELU6 (converters in :mod:`.tflite_ops`). Layouts follow docs/int8_ir.md: conv weights stay OHWI;
+Supported builtin ops: every op with an import converter (:func:`supported`; each converter lives
+with its op's definition in frontend/ops, registered with ``tflite_util.importer``). Layouts follow docs/int8_ir.md: conv weights stay OHWI;
 depthwise weights ``[1, KH, KW, C*M]`` become ``[C*M, KH, KW, 1]`` (groups = C); dense weights
 stay ``[N, K]``. A fused activation becomes the ``activation`` attribute of conv2d/dense, or a
 following ``relu``/``relu6`` node (same quantisation: a clamp) after pooling, ADD and MUL.
@@ -39,7 +38,7 @@ from .errors import KilnError, ShapeError
 from .graph import Graph
 from .limits import check as check_limit
 from .registry import get_op
-from .tflite_ops import _CONVERT, SUPPORTED
+from .registry import TFLITE_IMPORTERS
 from .tflite_verify import TFLiteImportError, verify
 from .types import TensorType
 
@@ -76,6 +75,11 @@ def opcode_name(oc, names=None):
 def _op_names():
     import tflite
     return {v: k for k, v in vars(tflite.BuiltinOperator).items() if not k.startswith("_") and isinstance(v, int)}
+
+
+def supported() -> list[str]:
+    """The TFLite builtin ops Kiln imports (sorted)."""
+    return sorted(TFLITE_IMPORTERS)
 
 
 def load_tflite(path, name=None) -> Graph:
@@ -149,7 +153,7 @@ class _Importer:
         for i in range(self.model.OperatorCodesLength()):
             oc = self.model.OperatorCodes(i)
             name = opcode_name(oc, names)
-            if name in SUPPORTED:
+            if name in TFLITE_IMPORTERS:
                 chk.check_version(self.err, name, i, int(oc.Version()))
             self.opcodes.append(name)
 
@@ -241,7 +245,7 @@ class _Importer:
                 if not (-1 <= v < nt) or (v == -1 and v in outs):
                     raise self.err(f"operator {k} ({opname}): tensor index {v} is out of range: allowed "
                                    f"{'0' if v in outs else '-1'}..{nt - 1}")
-            if opname not in SUPPORTED:
+            if opname not in TFLITE_IMPORTERS:
                 bad.append((opname, k))
             elif _raw(op._tab, 26, _fbt.Uint8Flags, 0):
                 raise self.err(f"operator {k} ({opname}) has builtin_options_2, which Kiln does not import")
@@ -250,11 +254,11 @@ class _Importer:
             first, k = bad[0]
             listing = ", ".join(f"{n} (operator {i})" for n, i in bad)
             raise self.err(f"unsupported TFLite op {first} at operator {k}; unsupported ops in this file: {listing}. "
-                           f"Kiln imports: {', '.join(SUPPORTED)}")
-        unused = [f"{n} (operator code {i})" for i, n in enumerate(self.opcodes) if n not in SUPPORTED]
+                           f"Kiln imports: {', '.join(supported())}")
+        unused = [f"{n} (operator code {i})" for i, n in enumerate(self.opcodes) if n not in TFLITE_IMPORTERS]
         if unused:
             raise self.err(f"the file lists operator codes Kiln does not import: {', '.join(unused)}; "
-                           f"Kiln imports: {', '.join(SUPPORTED)}")
+                           f"Kiln imports: {', '.join(supported())}")
 
     # ---- graph building -------------------------------------------------------------------
     def _vname(self, base):
@@ -309,7 +313,7 @@ class _Importer:
                 if i >= 0 and i not in self.values and i not in self.folded and self.tensors[i]["data"] is None:
                     raise self.err(f"operator {k} ({opname}) reads {self.label(i)} before any operator produces "
                                    f"it (and it is not a constant or a graph input)")
-            _CONVERT[opname](self, k, op, list(oins), o)
+            TFLITE_IMPORTERS[opname](self, k, op, list(oins), o)
         for i in outs:
             if self.tensors[i]["data"] is not None or i in self.folded:
                 raise self.err(f"graph output {self.label(i)} is a constant; Kiln compiles outputs that operators "

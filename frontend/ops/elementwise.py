@@ -8,13 +8,26 @@ dtype (float32 for 16-bit storage) and casts the result to the output's storage 
 """
 import numpy as np
 
-from .. import functional as F
-from ..errors import ShapeError
-from ..registry import BINARY, ELEMENTWISE, NONDIFF, QUANTIZABLE, UNARY, Attr, Quant, defrule, get_op, register
-from ..types import DTYPES
 from .. import fixedpoint as fp
-from .int8util import clamp8, f32, int8_io
+from .. import functional as F
+from .. import tflite_checks as chk
+from ..errors import ShapeError
+from ..registry import (
+    BINARY,
+    ELEMENTWISE,
+    NONDIFF,
+    QUANTIZABLE,
+    UNARY,
+    Attr,
+    Quant,
+    defrule,
+    get_op,
+    register,
+)
+from ..types import DTYPES
+from . import tflite_util as tfl
 from ._util import bshape, need_float, same_dtype, tt
+from .int8util import clamp8, f32, int8_io
 
 
 def _unary_infer(name):
@@ -294,3 +307,46 @@ def _lut(op, fn):
 
 _lut("sigmoid", "logistic")
 _lut("tanh", "tanh")
+
+
+# ---- TFLite import ----------------------------------------------------------
+# ADD, MUL (fused activations as a following relu/relu6), LOGISTIC, TANH, RELU, RELU6
+def _tfl_binary(kop, name, opts_cls):
+    def conv(imp, k, op, ins, out):
+        tfl.need(imp, k, name, ins, 2)
+        o = tfl.options(imp, k, op, name, opts_cls)
+        act = tfl.activation(imp, k, name, o.FusedActivationFunction() if o else 0)
+        xs = [imp.operand(i, k, name) for i in ins]
+        ts = [imp.g.types[v] for v in xs]
+        if ts[0].dtype == "int8" and ts[1].dtype == "int8":
+            check = chk.add_quant if kop == "add" else chk.mul_quant
+            check(imp.err, tfl.where(k, name), ts[0].quant, ts[1].quant, imp.tensors[out]["quant"], act)
+        imp.finish(k, name, kop, xs, {}, out, act)
+    return conv
+
+
+def _tfl_unary(kop, name):
+    def conv(imp, k, op, ins, out):
+        tfl.need(imp, k, name, ins, 1)
+        tfl.options(imp, k, op, name, None)
+        x = imp.operand(ins[0], k, name)
+        xt, oq, w = imp.g.types[x], imp.tensors[out]["quant"], tfl.where(k, name)
+        if xt.dtype == "int8":
+            if kop == "sigmoid":
+                chk.logistic_quant(imp.err, w, xt.quant, oq)
+            elif kop == "tanh":
+                chk.per_tensor(imp.err, w, xt.quant, "the input")
+                chk.per_tensor(imp.err, w, oq, "the output")
+            else:
+                chk.ratio_quant(imp.err, w, xt.quant, oq)
+                chk.activation_range(imp.err, w, kop, oq.scale[0])
+        imp.values[out] = imp.emit(k, name, kop, [x], {}, out)
+    return conv
+
+
+tfl.importer("ADD")(_tfl_binary("add", "ADD", "AddOptions"))
+tfl.importer("MUL")(_tfl_binary("mul", "MUL", "MulOptions"))
+tfl.importer("LOGISTIC")(_tfl_unary("sigmoid", "LOGISTIC"))
+tfl.importer("TANH")(_tfl_unary("tanh", "TANH"))
+tfl.importer("RELU")(_tfl_unary("relu", "RELU"))
+tfl.importer("RELU6")(_tfl_unary("relu6", "RELU6"))

@@ -17,12 +17,33 @@ import math
 
 import numpy as np
 
-from .. import functional as F
-from ..errors import ShapeError
-from ..registry import LINEAR, QUANTIZABLE, SAME_AS_INPUT, WEIGHTS, Attr, defrule, get_op, register
 from .. import fixedpoint as fp
-from .int8util import channel_params, clamp8, f32, int8_io, need_int8, same_quant, trunc_div
+from .. import functional as F
+from .. import tflite_checks as chk
+from ..errors import ShapeError
+from ..limits import check as check_limit
+from ..registry import (
+    LINEAR,
+    QUANTIZABLE,
+    SAME_AS_INPUT,
+    WEIGHTS,
+    Attr,
+    defrule,
+    get_op,
+    register,
+)
+from ..types import QParams, TensorType
+from . import tflite_util as tfl
 from ._util import conv_out_and_pads, same_dtype, tt
+from .int8util import (
+    channel_params,
+    clamp8,
+    f32,
+    int8_io,
+    need_int8,
+    same_quant,
+    trunc_div,
+)
 
 ACT = Attr("str", "none", ("none", "relu", "relu6"))
 
@@ -886,3 +907,169 @@ register("dropout", attrs={"rate": Attr("float", 0.5), "salt": Attr("int", 0)}, 
          ref=lambda xs, a: xs[0] * dropout_mask(xs[0].shape, xs[1], a["salt"], a["rate"], xs[0].dtype),
          vjp=lambda n, xs, y, gy: [F.dropout(gy, xs[1], n.attrs["rate"], n.attrs["salt"]), None], arity=2,
          doc="inverted dropout with a counter-based mask from (key, salt): the same key gives the same mask")
+
+
+# ---- TFLite import ----------------------------------------------------------
+# CONV_2D, DEPTHWISE_CONV_2D (weights [1, KH, KW, C*M] -> OHWI [C*M, KH, KW, 1]), FULLY_CONNECTED, pools
+def checked_conv_geometry(imp, k, name, xshape, wshape, attrs):
+    try:
+        G = conv_geometry(xshape, wshape, attrs)
+    except ShapeError as e:
+        raise imp.err(f"{tfl.where(k, name)}: {e}") from None
+    check_limit("max_tensor_elements", G["N"] * (G["H"] + G["pt"] + G["pb"]) * (G["W"] + G["pl"] + G["pr"]) * G["C"],
+                f"{imp.where} {tfl.where(k, name)} (padded input)")
+    tfl.check_work(imp, k, name, (G["N"], G["oh"], G["ow"], G["O"]), G["KH"] * G["KW"] * G["I"])
+    return G
+
+
+def conv_filter(imp, k, name, ins):
+    """(input value, input dtype, filter array, filter QParams or None) for a conv: float32 filters
+    for float inputs (int8 ones dequantised: a hybrid model), int8 for int8 inputs."""
+    w = tfl.where(k, name)
+    x_i, w_i = ins[0], ins[1]
+    xt = imp.activation_type(x_i, w)
+    wt = imp.tensors[w_i]
+    wdata = imp.const(w_i, k, name, "the filter")
+    if len(xt["shape"]) != 4 or wdata.ndim != 4 or min(xt["shape"][1:]) < 1 or min(wdata.shape) < 1:
+        raise imp.err(f"{w}: input {list(xt['shape'])} and filter {list(wdata.shape)} must be 4-D with every "
+                      f"dimension >= 1 (batch may be 0)")
+    if xt["dtype"] == "float32":
+        if wt["dtype"] not in ("int8", "float32"):
+            raise imp.err(f"{w}: float input with a {wt['dtype']} filter {imp.label(w_i)}; TFLite needs float32 "
+                          f"or (dynamic-range quantisation) int8")
+        if wt["dtype"] == "int8":
+            tfl.symmetric(imp, k, name, w_i)
+        return imp.operand(x_i, k, name), "float32", tfl.dequantized(imp, w_i, k, name, "the filter"), None
+    if wt["dtype"] != "int8":
+        raise imp.err(f"{w}: int8 input with a {wt['dtype']} filter {imp.label(w_i)}; TFLite needs an int8 filter")
+    return imp.operand(x_i, k, name), "int8", wdata, wt["quant"]
+
+
+@tfl.importer("CONV_2D")
+def _tfl_conv(imp, k, op, ins, out):
+    name = "CONV_2D"
+    tfl.need(imp, k, name, ins, 3)          # TFLite's CONV_2D requires the bias
+    o = tfl.options(imp, k, op, name, "Conv2DOptions")
+    if o is None:
+        raise imp.err(f"{tfl.where(k, name)} has no Conv2DOptions (TFLite then reads strides of 0 and rejects it)")
+    attrs = tfl.window_attrs(imp, k, name, o)
+    act = tfl.activation(imp, k, name, o.FusedActivationFunction())
+    x, dtype, wdata, wq = conv_filter(imp, k, name, ins)
+    xt = imp.g.types[x]
+    C, I, O = xt.shape[3], wdata.shape[3], wdata.shape[0]
+    if C % I or O % (C // I):
+        raise imp.err(f"{tfl.where(k, name)}: input channels {C} and filter {list(wdata.shape)} do not match (need input "
+                      f"channels divisible by filter channels and output channels by the groups)")
+    attrs["groups"] = C // I
+    checked_conv_geometry(imp, k, name, xt.shape, wdata.shape, attrs)
+    if dtype == "int8":
+        chk.conv_quant(imp.err, tfl.where(k, name), xt.quant, wq, imp.tensors[ins[2]]["quant"], imp.tensors[out]["quant"],
+                       wdata.shape, O, act, lambda axis: axis == 0)
+    wname = imp._vname(imp.tensors[ins[1]]["name"])
+    imp.g.add_const(wname, wdata, wq)
+    inputs = [x, wname] + [b for b in [tfl.bias(imp, k, name, ins, dtype, O)] if b is not None]
+    imp.values[out] = imp.emit(k, name, "conv2d", inputs, dict(attrs, activation=act), out)
+
+
+@tfl.importer("DEPTHWISE_CONV_2D")
+def _tfl_depthwise(imp, k, op, ins, out):
+    name = "DEPTHWISE_CONV_2D"
+    tfl.need(imp, k, name, ins, 2, 3)
+    o = tfl.options(imp, k, op, name, "DepthwiseConv2DOptions")
+    if o is None:
+        raise imp.err(f"{tfl.where(k, name)} has no DepthwiseConv2DOptions (TFLite then reads strides of 0 and rejects it)")
+    attrs = tfl.window_attrs(imp, k, name, o)
+    act = tfl.activation(imp, k, name, o.FusedActivationFunction())
+    x, dtype, wdata, wq = conv_filter(imp, k, name, ins)
+    xt = imp.g.types[x]
+    C = xt.shape[3]
+    if wdata.shape[0] != 1 or wdata.shape[3] % C:
+        raise imp.err(f"{tfl.where(k, name)}: filter {list(wdata.shape)} does not fit input {list(xt.shape)} "
+                      f"(expected [1, KH, KW, C*M])")
+    O = wdata.shape[3]
+    if dtype == "int8":
+        chk.conv_quant(imp.err, tfl.where(k, name), xt.quant, wq, imp.tensors[ins[2]]["quant"] if len(ins) == 3 else None,
+                       imp.tensors[out]["quant"], wdata.shape, O, act, lambda axis: axis == 3)
+        if wq.per_channel and len(wq.scale) > 1:
+            wq = QParams(wq.scale, wq.zero_point, 0)
+    attrs["groups"] = C
+    w_ohwi = np.ascontiguousarray(np.transpose(wdata, (3, 1, 2, 0)))
+    checked_conv_geometry(imp, k, name, xt.shape, w_ohwi.shape, attrs)
+    wname = imp._vname(imp.tensors[ins[1]]["name"] + "_ohwi")
+    imp.g.add_const(wname, w_ohwi, wq)
+    inputs = [x, wname] + [b for b in [tfl.bias(imp, k, name, ins, dtype, O)] if b is not None]
+    imp.values[out] = imp.emit(k, name, "conv2d", inputs, dict(attrs, activation=act), out)
+
+
+@tfl.importer("FULLY_CONNECTED")
+def _tfl_fc(imp, k, op, ins, out):
+    name = "FULLY_CONNECTED"
+    w = tfl.where(k, name)
+    tfl.need(imp, k, name, ins, 2, 3, optional=(2,))
+    o = tfl.options(imp, k, op, name, "FullyConnectedOptions")
+    if o is not None and int(o.WeightsFormat()) != 0:
+        raise imp.err(f"{w}: weights_format = {int(o.WeightsFormat())} is out of range: Kiln imports 0 (DEFAULT)")
+    act = tfl.activation(imp, k, name, o.FusedActivationFunction() if o else 0)
+    keep = bool(o.KeepNumDims()) if o else False
+    xt = imp.activation_type(ins[0], w)
+    wt = imp.tensors[ins[1]]
+    wdata = imp.const(ins[1], k, name, "the weights")
+    if wdata.ndim != 2 or min(wdata.shape) < 1 or math.prod(xt["shape"]) % wdata.shape[1]:
+        raise imp.err(f"{w}: weights {list(wdata.shape)} do not fit input {list(xt['shape'])} (need [N, K], K "
+                      f"dividing the input's elements)")
+    N = wdata.shape[0]
+    wq = None
+    if xt["dtype"] == "float32":
+        if wt["dtype"] == "int8":
+            tfl.symmetric(imp, k, name, ins[1])
+        elif wt["dtype"] != "float32":
+            raise imp.err(f"{w}: float input with {wt['dtype']} weights {imp.label(ins[1])}; TFLite needs float32 "
+                          f"or (dynamic-range quantisation) int8")
+        wdata = tfl.dequantized(imp, ins[1], k, name, "the weights")
+    elif wt["dtype"] != "int8":
+        raise imp.err(f"{w}: int8 input with {wt['dtype']} weights {imp.label(ins[1])}; TFLite needs int8 weights")
+    else:
+        wq = wt["quant"]
+        bq = imp.tensors[ins[2]]["quant"] if len(ins) == 3 and ins[2] >= 0 else None
+        if wq is not None and len(wq.scale) > 1:
+            chk.conv_quant(imp.err, w, xt["quant"], wq, bq, imp.tensors[out]["quant"], wdata.shape, N, act,
+                           lambda axis: axis == 0)
+        else:
+            chk.fc_per_tensor(imp.err, w, xt["quant"], wq, len(ins) == 3 and ins[2] >= 0, bq,
+                              imp.tensors[out]["quant"], act)
+    x = imp.operand(ins[0], k, name)
+    wname = imp._vname(wt["name"])
+    imp.g.add_const(wname, wdata, wq)
+    xtt = imp.g.types[x]
+    tfl.check_work(imp, k, name, imp.tensors[out]["shape"], wdata.shape[1])
+    if not keep and len(xtt.shape) != 2:
+        flat = imp._vname(x + "_flat")
+        imp.g.add_node("reshape", [x], {"shape": [xtt.size // wdata.shape[1], wdata.shape[1]]}, name=flat,
+                       out_type=TensorType((xtt.size // wdata.shape[1], wdata.shape[1]), xtt.dtype, xtt.quant))
+        x = flat
+    inputs = [x, wname] + [b for b in [tfl.bias(imp, k, name, ins, xt["dtype"], N)] if b is not None]
+    imp.values[out] = imp.emit(k, name, "dense", inputs, {"activation": act}, out)
+
+
+def _tfl_pool(kop, name):
+    def conv(imp, k, op, ins, out):
+        tfl.need(imp, k, name, ins, 1)
+        o = tfl.options(imp, k, op, name, "Pool2DOptions")
+        if o is None:
+            raise imp.err(f"{tfl.where(k, name)} has no Pool2DOptions (TFLite then reads strides of 0 and rejects it)")
+        w = tfl.where(k, name)
+        attrs = tfl.window_attrs(imp, k, name, o, dilated=False)
+        attrs["pool"] = [chk.window(imp.err, w, "filter_height", o.FilterHeight()),
+                         chk.window(imp.err, w, "filter_width", o.FilterWidth())]
+        act = tfl.activation(imp, k, name, o.FusedActivationFunction())
+        x = imp.operand(ins[0], k, name)
+        if imp.g.types[x].dtype == "int8":
+            chk.same_quant(imp.err, w, imp.g.types[x].quant, imp.tensors[out]["quant"], "the input's")
+            chk.activation_range(imp.err, w, act, imp.tensors[out]["quant"].scale[0])
+        tfl.check_work(imp, k, name, imp.tensors[out]["shape"], attrs["pool"][0] * attrs["pool"][1])
+        imp.finish(k, name, kop, [x], attrs, out, act)
+    return conv
+
+
+tfl.importer("AVERAGE_POOL_2D")(_tfl_pool("avg_pool2d", "AVERAGE_POOL_2D"))
+tfl.importer("MAX_POOL_2D")(_tfl_pool("max_pool2d", "MAX_POOL_2D"))

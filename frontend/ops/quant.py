@@ -14,12 +14,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import functional as F
-from ..errors import ShapeError
-from ..registry import ELEMENTWISE, NONDIFF, QUANTIZABLE, REQUIRED, UNARY, Attr, get_op, register
-from ..types import QParams, TensorType
-
 from .. import fixedpoint as fp
+from .. import functional as F
+from .. import tflite_checks as chk
+from ..errors import ShapeError
+from ..registry import (
+    ELEMENTWISE,
+    NONDIFF,
+    QUANTIZABLE,
+    REQUIRED,
+    UNARY,
+    Attr,
+    get_op,
+    register,
+)
+from ..types import QParams, TensorType
+from . import tflite_util as tfl
 from .int8util import f32, per_tensor
 
 _INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "int32": (-(1 << 31), (1 << 31) - 1)}
@@ -145,3 +155,47 @@ register("fake_quant", attrs={"scale": Attr("any", (1.0,)), "zero_point": Attr("
                               "axis": Attr("any", None), "qmin": Attr("int", -128), "qmax": Attr("int", 127)},
          infer=_fq_infer, ref=lambda xs, a: fake_quant_array(xs[0], a), vjp=_fq_vjp, props={ELEMENTWISE, UNARY},
          arity=1, doc="quantise-dequantise round trip (QAT); straight-through gradient")
+
+
+# ---- TFLite import ----------------------------------------------------------
+# QUANTIZE, DEQUANTIZE (of a constant: folded into a float32 constant)
+@tfl.importer("QUANTIZE")
+def _tfl_quantize(imp, k, op, ins, out):
+    name = "QUANTIZE"
+    w = tfl.where(k, name)
+    tfl.need(imp, k, name, ins, 1)
+    tfl.options(imp, k, op, name, "QuantizeOptions")
+    x = imp.operand(ins[0], k, name)
+    ot = imp.tensors[out]
+    if ot["dtype"] != "int8":
+        raise imp.err(f"{w}: output {imp.label(out)} is {ot['dtype']}; Kiln's QUANTIZE produces int8")
+    chk.per_tensor(imp.err, w, ot["quant"], f"output {imp.label(out)}")
+    q = ot["quant"]
+    if imp.g.types[x].dtype == "int8":
+        chk.ratio_quant(imp.err, w, imp.g.types[x].quant, q)
+    attrs = {"scale": list(q.scale), "zero_point": list(q.zero_point), "dtype": "int8"}
+    imp.values[out] = imp.emit(k, name, "quantize", [x], attrs, out)
+
+
+@tfl.importer("DEQUANTIZE")
+def _tfl_dequantize(imp, k, op, ins, out):
+    """A DEQUANTIZE of a constant (fp16 or int8 weights) folds into a float32 constant; of an int8
+    activation it is a dequantize node."""
+    name = "DEQUANTIZE"
+    w = tfl.where(k, name)
+    tfl.need(imp, k, name, ins, 1)
+    tfl.options(imp, k, op, name, "DequantizeOptions")
+    ot = imp.tensors[out]
+    it = imp.tensors[ins[0]]
+    if ot["dtype"] != "float32" or tuple(ot["shape"]) != tuple(it["shape"]):
+        raise imp.err(f"{w}: output {imp.label(out)} is {ot['dtype']}{list(ot['shape'])}; TFLite's DEQUANTIZE "
+                      f"writes float32{list(it['shape'])}")
+    if ins[0] in imp.folded or it["data"] is not None:
+        imp.folded[out] = tfl.dequantized(imp, ins[0], k, name, "the input")
+        return
+    x = imp.operand(ins[0], k, name)
+    if imp.g.types[x].dtype != "int8":
+        raise imp.err(f"{w}: input {imp.label(ins[0])} is {imp.g.types[x].dtype}; TFLite's DEQUANTIZE reads int8 "
+                      f"(or constant float16) tensors")
+    chk.per_tensor(imp.err, w, imp.g.types[x].quant, "the input")
+    imp.values[out] = imp.emit(k, name, "dequantize", [x], {"dtype": "float32"}, out)

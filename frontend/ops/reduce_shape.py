@@ -7,12 +7,25 @@ import math
 
 import numpy as np
 
-from .. import functional as F
-from ..errors import ShapeError
-from ..registry import QUANTIZABLE, REDUCTION, SAME_AS_INPUT, SHAPE, Attr, Quant, defrule, get_op, register
 from .. import fixedpoint as fp
-from .int8util import clamp8, f32, int8_io, need_int8, same_quant
+from .. import functional as F
+from .. import tflite_checks as chk
+from ..errors import ShapeError
+from ..limits import check as check_limit
+from ..registry import (
+    QUANTIZABLE,
+    REDUCTION,
+    SAME_AS_INPUT,
+    SHAPE,
+    Attr,
+    Quant,
+    defrule,
+    get_op,
+    register,
+)
+from . import tflite_util as tfl
 from ._util import need_float, norm_axes, reduced_shape, tt
+from .int8util import clamp8, f32, int8_io, need_int8, same_quant
 
 _RED = {"axes": Attr("ints", None), "keepdims": Attr("bool", False)}
 
@@ -519,3 +532,113 @@ def softmax_int8(xs, attrs, in_types, out_type):
     if ax != x.ndim - 1:
         return np.moveaxis(softmax_int8_rows(np.moveaxis(x, ax, -1), si), -1, ax)
     return softmax_int8_rows(x, si)
+
+
+# ---- TFLite import ----------------------------------------------------------
+# RESHAPE, SOFTMAX (beta 1), PAD, MEAN, CONCATENATION
+@tfl.importer("RESHAPE")
+def _tfl_reshape(imp, k, op, ins, out):
+    name = "RESHAPE"
+    w = tfl.where(k, name)
+    tfl.need(imp, k, name, ins, 1, 2, optional=(1,))
+    x = imp.operand(ins[0], k, name)
+    xt = imp.g.types[x]
+    if len(ins) == 2 and ins[1] >= 0 and len(imp.tensors[ins[1]]["shape"]) == 1 \
+            and imp.tensors[ins[1]]["dtype"] == "int32":
+        new = [int(v) for v in imp.const(ins[1], k, name, "the shape tensor")]
+    else:
+        o = tfl.options(imp, k, op, name, "ReshapeOptions")
+        new = [int(v) for v in o.NewShapeAsNumpy()] if o is not None and o.NewShapeLength() else []
+        if len(new) > tfl.MAX_RESHAPE_DIMS:
+            raise imp.err(f"{w}: new_shape has {len(new)} dimensions; allowed at most {tfl.MAX_RESHAPE_DIMS}")
+        if new == [0]:
+            new = []
+    want = chk.reshape_shape(imp.err, w, xt.shape, new)
+    if tuple(want) != tuple(imp.tensors[out]["shape"]):
+        raise imp.err(f"{w}: output {imp.label(out)} has shape {list(imp.tensors[out]['shape'])} but TFLite reshapes "
+                      f"to {want}")
+    if xt.dtype == "int8":
+        chk.same_quant(imp.err, w, xt.quant, imp.tensors[out]["quant"], "the input's")
+    imp.values[out] = imp.emit(k, name, "reshape", [x], {"shape": list(want)}, out)
+
+
+@tfl.importer("SOFTMAX")
+def _tfl_softmax(imp, k, op, ins, out):
+    name = "SOFTMAX"
+    tfl.need(imp, k, name, ins, 1)
+    o = tfl.options(imp, k, op, name, "SoftmaxOptions")
+    beta = float(o.Beta()) if o else 0.0
+    if beta != 1.0:
+        raise imp.err(f"{tfl.where(k, name)}: beta = {beta} is out of range: Kiln's softmax has beta 1")
+    x = imp.operand(ins[0], k, name)
+    xt = imp.g.types[x]
+    if not xt.shape:
+        raise imp.err(f"{tfl.where(k, name)}: the input is a scalar; TFLite's softmax needs rank >= 1")
+    if xt.dtype == "int8":
+        chk.softmax_quant(imp.err, tfl.where(k, name), xt.quant, imp.tensors[out]["quant"])
+    imp.values[out] = imp.emit(k, name, "softmax", [x], {"axis": -1}, out)
+
+
+@tfl.importer("PAD")
+def _tfl_pad(imp, k, op, ins, out):
+    name = "PAD"
+    w = tfl.where(k, name)
+    tfl.need(imp, k, name, ins, 2)
+    tfl.options(imp, k, op, name, "PadOptions")
+    x = imp.operand(ins[0], k, name)
+    pt = imp.tensors[ins[1]]
+    if pt["dtype"] not in ("int32", "int64"):
+        raise imp.err(f"{w}: paddings {imp.label(ins[1])} are {pt['dtype']}; TFLite needs int32 or int64")
+    p = np.asarray(imp.const(ins[1], k, name, "paddings"), np.int64)
+    nd = len(imp.g.types[x].shape)
+    if nd > chk.PAD_MAX_RANK:
+        raise imp.err(f"{w}: input rank {nd} is out of range: TFLite pads up to rank {chk.PAD_MAX_RANK}")
+    if p.shape != (nd, 2) or np.any(p < 0):
+        raise imp.err(f"{w}: paddings {p.tolist()} must be non-negative with shape [{nd}, 2]")
+    if imp.g.types[x].dtype == "int8":
+        chk.same_quant(imp.err, w, imp.g.types[x].quant, imp.tensors[out]["quant"], "the input's")
+    check_limit("max_tensor_elements", math.prod(int(d) + int(a) + int(b) for d, (a, b) in
+                                                 zip(imp.g.types[x].shape, p)), f"{imp.where} {w}")
+    imp.values[out] = imp.emit(k, name, "pad", [x], {"pads": [int(v) for v in p.ravel()], "value": 0.0}, out)
+
+
+@tfl.importer("MEAN")
+def _tfl_mean(imp, k, op, ins, out):
+    name = "MEAN"
+    w = tfl.where(k, name)
+    tfl.need(imp, k, name, ins, 2)
+    x = imp.operand(ins[0], k, name)
+    if imp.tensors[ins[1]]["dtype"] != "int32":
+        raise imp.err(f"{w}: axes {imp.label(ins[1])} are {imp.tensors[ins[1]]['dtype']}; TFLite needs int32")
+    ax = np.atleast_1d(np.asarray(imp.const(ins[1], k, name, "axes"), np.int64)).ravel()
+    nd = len(imp.g.types[x].shape)
+    if ax.size == 0 or np.any(ax < -nd) or np.any(ax >= nd):
+        raise imp.err(f"{w}: axes {ax.tolist()} are out of range: allowed one or more of {-nd}..{nd - 1}")
+    axes = sorted({int(a) % nd for a in ax})
+    o = tfl.options(imp, k, op, name, "ReducerOptions")
+    keep = bool(o.KeepDims()) if o else False
+    if imp.g.types[x].dtype == "int8":
+        chk.ratio_quant(imp.err, w, imp.g.types[x].quant, imp.tensors[out]["quant"])
+    imp.values[out] = imp.emit(k, name, "mean", [x], {"axes": axes, "keepdims": keep}, out)
+
+
+@tfl.importer("CONCATENATION")
+def _tfl_concat(imp, k, op, ins, out):
+    name = "CONCATENATION"
+    w = tfl.where(k, name)
+    if not ins or any(i < 0 for i in ins):
+        raise imp.err(f"{w} needs at least one input and no absent ones, got {ins}")
+    o = tfl.options(imp, k, op, name, "ConcatenationOptions")
+    act = tfl.activation(imp, k, name, o.FusedActivationFunction() if o else 0)
+    if act != "none":
+        raise imp.err(f"{w}: fused_activation_function = {act.upper()} is out of range: TFLite's CONCATENATION "
+                      f"allows NONE")
+    xs = [imp.operand(i, k, name) for i in ins]
+    nd = len(imp.g.types[xs[0]].shape)
+    axis = int(o.Axis()) if o else 0
+    if not -nd <= axis < nd:
+        raise imp.err(f"{w}: axis = {axis} is out of range: allowed {-nd}..{nd - 1}")
+    for v in xs:
+        if imp.g.types[v].dtype == "int8":
+            chk.same_quant(imp.err, w, imp.g.types[v].quant, imp.tensors[out]["quant"], f"input {v!r}")
+    imp.values[out] = imp.emit(k, name, "concat", xs, {"axis": axis % nd}, out)
