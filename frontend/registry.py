@@ -60,6 +60,18 @@ class Quant:
     inputs: str = "operands"
 
 
+@dataclasses.dataclass(frozen=True)
+class TFLiteExport:
+    """How the .tflite exporter writes an op: ``fn(e, node, act, out, int8)`` adds the TFLite
+    operator(s) through the exporter ``e`` (quantize/tflite_export.py). ``versions``: the op
+    version LiteRT needs per builtin when the tensors are int8 (float uses version 1).
+    ``fuses_activation``: a following clamp-only relu/relu6 folds into the op's
+    fused_activation_function (``act``)."""
+    fn: Callable
+    versions: dict = dataclasses.field(default_factory=dict)
+    fuses_activation: bool = False
+
+
 WEIGHTS = Quant(inputs="weights")          # conv2d, dense
 SAME_AS_INPUT = Quant(output="input")      # pooling, reshape, pad: the input's quantisation
 
@@ -77,6 +89,7 @@ class OpDef:
     arity: int | None = None            # number of inputs (None: variadic)
     doc: str = ""
     quant: Quant | None = None          # how PTQ quantises it (None: no int8 form)
+    tflite: TFLiteExport | None = None  # how the .tflite exporter writes it (None: not exportable)
     te: Callable | None = None          # (T, xs, attrs, out_type) -> te.Tensor  float lowering (TE)
     macs: Callable | None = None        # (in_types, out_type, attrs) -> int      MACs of one node
 
@@ -132,6 +145,17 @@ def register(name, *, attrs=None, infer=None, ref=None, vjp=None, props=(), arit
 def quantizable_ops() -> list[str]:
     """The ops post-training quantisation can convert (they have a Quant rule)."""
     return sorted(n for n, op in OPS.items() if op.quant is not None)
+
+
+def tflite_int8_versions() -> dict[str, int]:
+    """Builtin name -> the op version LiteRT needs when the op has int8 tensors (from every
+    op's export mapping; float ops are written as version 1)."""
+    out = {}
+    for op in OPS.values():
+        if op.tflite is not None:
+            for k, v in op.tflite.versions.items():
+                out[k] = max(out.get(k, 1), v)
+    return out
 
 
 def get_op(name) -> OpDef:

@@ -1,10 +1,12 @@
 """Export a Kiln graph (int8 as produced by the importer or PTQ/QAT, or float32) to a .tflite
 flatbuffer with builtin ops, which LiteRT loads and runs bit-exactly like Kiln's int8 reference.
 
-Layouts are converted back (depthwise ``[C*M, KH, KW, 1]`` -> ``[1, KH, KW, C*M]``, quantised
-dimension 3). A ``relu``/``relu6`` node that only clamps (same quantisation as its input) right
-after ADD, MUL, pooling or CONCATENATION is fused back into that op's ``fused_activation_function``.
-Explicit conv padding becomes a PAD (filled with the zero point) followed by a VALID conv.
+This module builds the flatbuffer; how each op is written (which builtin(s), options, layouts:
+depthwise ``[C*M, KH, KW, 1]`` back to ``[1, KH, KW, C*M]``, explicit conv padding as a PAD then
+a VALID conv) lives with the op's definition (``OpDef.tflite``, frontend/ops). A
+``relu``/``relu6`` node that only clamps (same quantisation as its input) right after an op that
+fuses activations (ADD, MUL, pooling, CONCATENATION) is folded into its
+``fused_activation_function``.
 """
 from __future__ import annotations
 
@@ -13,24 +15,13 @@ import os
 import flatbuffers
 import numpy as np
 
-from kiln.frontend.errors import GraphError, KilnError
-from kiln.frontend.ops.nn import conv_geometry
-from kiln.frontend.types import QParams, TensorType
+from kiln.frontend.errors import GraphError
+from kiln.frontend.ops.tflite_util import ExportError
+from kiln.frontend.registry import get_op, tflite_int8_versions
+from kiln.frontend.types import TensorType
 
 _TYPE = {"float32": 0, "float16": 1, "int32": 2, "uint8": 3, "int64": 4, "bool": 6, "int16": 7, "int8": 9,
          "float64": 10}
-_ACT = {"none": 0, "relu": 1, "relu6": 3}
-_PAD = {"same": 0, "valid": 1}
-# op versions LiteRT accepts for int8 kernels (float uses version 1)
-_INT8_VERSION = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 3, "FULLY_CONNECTED": 4, "ADD": 2, "MUL": 2,
-                 "AVERAGE_POOL_2D": 2, "MAX_POOL_2D": 2, "SOFTMAX": 2, "QUANTIZE": 2, "DEQUANTIZE": 2, "PAD": 2,
-                 "MEAN": 2, "CONCATENATION": 2, "LOGISTIC": 2, "TANH": 2, "RELU": 2, "RELU6": 2, "RESHAPE": 1}
-
-
-class ExportError(KilnError):
-    """A graph uses something the .tflite exporter cannot express."""
-
-
 def _tfl():
     import tflite
     return tflite
@@ -119,7 +110,8 @@ class _Exporter:
         for n in g.nodes:
             if n.op in ("relu", "relu6"):
                 src = g.producer(n.inputs[0])
-                if (src is not None and src.op in ("add", "mul", "avg_pool2d", "max_pool2d", "concat")
+                spec = get_op(src.op).tflite if src is not None else None
+                if (spec is not None and spec.fuses_activation
                         and len(cons[src.name]) == 1 and src.name not in g.outputs and src.name not in fused
                         and g.types[src.name].quant == g.types[n.name].quant
                         and g.types[src.name].dtype == g.types[n.name].dtype):
@@ -136,107 +128,14 @@ class _Exporter:
         self.outputs = [self.value(o) for o in g.outputs]
 
     def node(self, n, act, out):
+        """Write one node through its op's exporter (frontend/ops: ``OpDef.tflite``)."""
         g = self.g
+        spec = get_op(n.op).tflite
+        if spec is None:
+            raise ExportError(f"node {n.name!r}: op '{n.op}' has no TFLite builtin in Kiln's exporter")
         ot = g.types[out]
         int8 = ot.quant is not None or any(g.types[i].quant is not None for i in n.inputs)
-        a = n.attrs
-        op = n.op
-        if op == "conv2d":
-            self.conv(n, self.tensor(out, ot), int8)
-            return
-        xs = [self.value(i) for i in n.inputs]
-        y = self.tensor(out, ot)
-        if op == "dense":
-            x_t = g.types[n.inputs[0]]
-            self.op("FULLY_CONNECTED", xs, [y], "FullyConnectedOptions", int8,
-                    FusedActivationFunction=_ACT[a["activation"]], KeepNumDims=len(x_t.shape) != 2)
-        elif op in ("avg_pool2d", "max_pool2d"):
-            if op == "avg_pool2d" and a.get("count_include_pad"):
-                raise ExportError(f"node {n.name!r}: TFLite's AVERAGE_POOL_2D excludes padding (count_include_pad)")
-            pad = a["padding"]
-            if pad not in _PAD:
-                raise ExportError(f"node {n.name!r}: pooling padding must be 'same' or 'valid' for TFLite, got {pad}")
-            st = a["stride"] or a["pool"]
-            self.op("AVERAGE_POOL_2D" if op == "avg_pool2d" else "MAX_POOL_2D", xs, [y], "Pool2DOptions", int8,
-                    Padding=_PAD[pad], StrideW=st[1], StrideH=st[0], FilterWidth=a["pool"][1],
-                    FilterHeight=a["pool"][0], FusedActivationFunction=_ACT[act])
-        elif op in ("add", "mul"):
-            self.op(op.upper(), xs, [y], "AddOptions" if op == "add" else "MulOptions", int8,
-                    FusedActivationFunction=_ACT[act])
-        elif op == "concat":
-            axis = a["axis"] % len(ot.shape)
-            self.op("CONCATENATION", xs, [y], "ConcatenationOptions", int8, Axis=axis,
-                    FusedActivationFunction=_ACT[act])
-        elif op == "reshape":
-            shp = self.const(out + "/shape", np.asarray(ot.shape, np.int32))
-            self.op("RESHAPE", xs + [shp], [y], "ReshapeOptions", int8, NewShape=list(ot.shape))
-        elif op == "softmax":
-            if a["axis"] % len(ot.shape) != len(ot.shape) - 1:
-                raise ExportError(f"node {n.name!r}: TFLite's SOFTMAX works on the last axis")
-            self.op("SOFTMAX", xs, [y], "SoftmaxOptions", int8, Beta=1.0)
-        elif op == "quantize":
-            self.op("QUANTIZE", xs, [y], "QuantizeOptions", True)
-        elif op == "dequantize":
-            self.op("DEQUANTIZE", xs, [y], "DequantizeOptions", True)
-        elif op == "cast":
-            self.op("CAST", xs, [y], None, False)
-        elif op == "pad":
-            it = g.types[n.inputs[0]]
-            if a["value"] != 0.0:
-                raise ExportError(f"node {n.name!r}: only zero padding exports (TFLite PAD)")
-            p = np.asarray(a["pads"], np.int32).reshape(len(it.shape), 2)
-            self.op("PAD", xs + [self.const(out + "/paddings", p)], [y], "PadOptions", int8)
-        elif op == "mean":
-            it = g.types[n.inputs[0]]
-            axes = a["axes"] if a["axes"] is not None else list(range(len(it.shape)))
-            self.op("MEAN", xs + [self.const(out + "/axes", np.asarray(axes, np.int32))], [y], "ReducerOptions",
-                    int8, KeepDims=bool(a["keepdims"]))
-        elif op in ("sigmoid", "tanh", "relu", "relu6"):
-            name = {"sigmoid": "LOGISTIC", "tanh": "TANH", "relu": "RELU", "relu6": "RELU6"}[op]
-            self.op(name, xs, [y], None, int8)
-        else:
-            raise ExportError(f"node {n.name!r}: op '{op}' has no TFLite builtin in Kiln's exporter")
-
-    def conv(self, n, y, int8):
-        g, a = self.g, n.attrs
-        xt, wt = g.types[n.inputs[0]], g.types[n.inputs[1]]
-        G = conv_geometry(xt.shape, wt.shape, a)
-        is_dw = G["g"] > 1 and G["I"] == 1 and G["g"] == G["C"]
-        xs = [self.value(i) if not (k == 1 and is_dw) else -1 for k, i in enumerate(n.inputs)]
-        pad = a["padding"]
-        if pad not in _PAD:
-            # explicit padding: PAD with the zero point, then a VALID conv
-            pads = [0, 0, G["pt"], G["pb"], G["pl"], G["pr"], 0, 0]
-            q = xt.quant
-            padded_t = TensorType((G["N"], G["H"] + G["pt"] + G["pb"], G["W"] + G["pl"] + G["pr"], G["C"]), xt.dtype, q)
-            p = self.tensor(self._fresh(n.name + "/pad"), padded_t)
-            self.op("PAD", [xs[0], self.const(n.name + "/paddings", np.asarray(pads, np.int32).reshape(4, 2))], [p],
-                    "PadOptions", int8)
-            xs = [p] + xs[1:]
-            pad = "valid"
-        common = dict(Padding=_PAD[pad], StrideW=a["stride"][1], StrideH=a["stride"][0],
-                      DilationWFactor=a["dilation"][1], DilationHFactor=a["dilation"][0],
-                      FusedActivationFunction=_ACT[a["activation"]])
-        bias = xs[2:]
-        if not bias and int8:
-            # LiteRT's int8 conv kernels require a bias: add zeros with scale s_in * s_w[c]
-            wq, s_in = wt.quant, xt.quant.scale[0]
-            bq = QParams(tuple(float(np.float32(s_in) * np.float32(s)) for s in wq.scale), (0,) * len(wq.scale),
-                         0 if len(wq.scale) > 1 else None)
-            bias = [self.const(n.name + "/zero_bias", np.zeros(G["O"], np.int32), bq)]
-        elif not bias and not is_dw:
-            # TFLite's CONV_2D requires a bias in every dtype (its Prepare() checks has_bias)
-            bias = [self.const(n.name + "/zero_bias", np.zeros(G["O"], xt.dtype))]
-        if is_dw:
-            w = np.asarray(g.consts.get(n.inputs[1], g.params.get(n.inputs[1])))
-            q = wt.quant
-            if q is not None and q.per_channel:
-                q = QParams(q.scale, q.zero_point, 3)
-            wi = self.const(n.inputs[1] + "/1hwo", np.ascontiguousarray(np.transpose(w, (3, 1, 2, 0))), q)
-            self.op("DEPTHWISE_CONV_2D", [xs[0], wi] + bias, [y], "DepthwiseConv2DOptions", int8,
-                    DepthMultiplier=G["O"] // G["C"], **common)
-        else:
-            self.op("CONV_2D", xs[:2] + bias, [y], "Conv2DOptions", int8, **common)
+        spec.fn(self, n, act, out, int8)
 
     # ---- serialisation --------------------------------------------------------------------
     def build(self) -> bytes:
@@ -284,9 +183,10 @@ class _Exporter:
         sg = _table(b, "SubGraph", Tensors=_offvec(b, ten_offs), Inputs=_ivec(b, self.inputs),
                     Outputs=_ivec(b, self.outputs), Operators=_offvec(b, op_offs), Name=b.CreateString(self.g.name))
         codes = []
+        versions = tflite_int8_versions()
         for opname in sorted(self.opcodes, key=self.opcodes.get):
             code = getattr(t.BuiltinOperator, opname)
-            ver = _INT8_VERSION.get(opname, 1) if opname in self.int8_ops else 1
+            ver = versions.get(opname, 1) if opname in self.int8_ops else 1
             codes.append(_table(b, "OperatorCode", DeprecatedBuiltinCode=min(code, 127), BuiltinCode=code, Version=ver))
         desc = b.CreateString("Kiln")
         model = _table(b, "Model", Version=3, OperatorCodes=_offvec(b, codes), Subgraphs=_offvec(b, [sg]),

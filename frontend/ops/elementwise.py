@@ -350,3 +350,23 @@ tfl.importer("LOGISTIC")(_tfl_unary("sigmoid", "LOGISTIC"))
 tfl.importer("TANH")(_tfl_unary("tanh", "TANH"))
 tfl.importer("RELU")(_tfl_unary("relu", "RELU"))
 tfl.importer("RELU6")(_tfl_unary("relu6", "RELU6"))
+
+
+# ---- TFLite export ------------------------------------------------------------------------------
+@tfl.exporter("add", "mul", versions={"ADD": 2, "MUL": 2}, fuses_activation=True)
+def _tfl_export_binary(e, n, act, out, int8):
+    e.op(n.op.upper(), [e.value(i) for i in n.inputs], [e.tensor(out, e.g.types[out])],
+         "AddOptions" if n.op == "add" else "MulOptions", int8, FusedActivationFunction=tfl.ACT_CODES[act])
+
+
+_UNARY_BUILTINS = {"sigmoid": "LOGISTIC", "tanh": "TANH", "relu": "RELU", "relu6": "RELU6"}
+
+
+@tfl.exporter(*_UNARY_BUILTINS, versions={b: 2 for b in _UNARY_BUILTINS.values()})
+def _tfl_export_unary(e, n, act, out, int8):
+    e.op(_UNARY_BUILTINS[n.op], [e.value(i) for i in n.inputs], [e.tensor(out, e.g.types[out])], None, int8)
+
+
+@tfl.exporter("cast")
+def _tfl_export_cast(e, n, act, out, int8):
+    e.op("CAST", [e.value(i) for i in n.inputs], [e.tensor(out, e.g.types[out])], None, False)

@@ -1073,3 +1073,76 @@ def _tfl_pool(kop, name):
 
 tfl.importer("AVERAGE_POOL_2D")(_tfl_pool("avg_pool2d", "AVERAGE_POOL_2D"))
 tfl.importer("MAX_POOL_2D")(_tfl_pool("max_pool2d", "MAX_POOL_2D"))
+
+
+# ---- TFLite export ------------------------------------------------------------------------------
+@tfl.exporter("dense", versions={"FULLY_CONNECTED": 4})
+def _tfl_export_dense(e, n, act, out, int8):
+    x_t = e.g.types[n.inputs[0]]
+    e.op("FULLY_CONNECTED", [e.value(i) for i in n.inputs], [e.tensor(out, e.g.types[out])], "FullyConnectedOptions",
+         int8, FusedActivationFunction=tfl.ACT_CODES[n.attrs["activation"]], KeepNumDims=len(x_t.shape) != 2)
+
+
+@tfl.exporter("avg_pool2d", "max_pool2d", versions={"AVERAGE_POOL_2D": 2, "MAX_POOL_2D": 2}, fuses_activation=True)
+def _tfl_export_pool(e, n, act, out, int8):
+    a = n.attrs
+    if n.op == "avg_pool2d" and a.get("count_include_pad"):
+        raise tfl.ExportError(f"node {n.name!r}: TFLite's AVERAGE_POOL_2D excludes padding (count_include_pad)")
+    pad = a["padding"]
+    if pad not in tfl.PAD_CODES:
+        raise tfl.ExportError(f"node {n.name!r}: pooling padding must be 'same' or 'valid' for TFLite, got {pad}")
+    st = a["stride"] or a["pool"]
+    e.op("AVERAGE_POOL_2D" if n.op == "avg_pool2d" else "MAX_POOL_2D", [e.value(i) for i in n.inputs],
+         [e.tensor(out, e.g.types[out])], "Pool2DOptions", int8, Padding=tfl.PAD_CODES[pad], StrideW=st[1],
+         StrideH=st[0], FilterWidth=a["pool"][1], FilterHeight=a["pool"][0],
+         FusedActivationFunction=tfl.ACT_CODES[act])
+
+
+def _export_explicit_pad(e, n, G, x, xt, int8):
+    """Explicit conv padding: a PAD filled with the zero point, then a VALID conv."""
+    pads = [0, 0, G["pt"], G["pb"], G["pl"], G["pr"], 0, 0]
+    padded_t = TensorType((G["N"], G["H"] + G["pt"] + G["pb"], G["W"] + G["pl"] + G["pr"], G["C"]), xt.dtype, xt.quant)
+    p = e.tensor(e._fresh(n.name + "/pad"), padded_t)
+    e.op("PAD", [x, e.const(n.name + "/paddings", np.asarray(pads, np.int32).reshape(4, 2))], [p], "PadOptions", int8)
+    return p
+
+
+def _export_bias(e, n, G, xt, wt, is_dw, int8):
+    if int8:
+        # LiteRT's int8 conv kernels require a bias: zeros with scale s_in * s_w[c]
+        wq, s_in = wt.quant, xt.quant.scale[0]
+        bq = QParams(tuple(float(np.float32(s_in) * np.float32(s)) for s in wq.scale), (0,) * len(wq.scale),
+                     0 if len(wq.scale) > 1 else None)
+        return [e.const(n.name + "/zero_bias", np.zeros(G["O"], np.int32), bq)]
+    if not is_dw:
+        # TFLite's CONV_2D requires a bias in every dtype (its Prepare() checks has_bias)
+        return [e.const(n.name + "/zero_bias", np.zeros(G["O"], xt.dtype))]
+    return []
+
+
+@tfl.exporter("conv2d", versions={"CONV_2D": 3, "DEPTHWISE_CONV_2D": 3, "PAD": 2})
+def _tfl_export_conv(e, n, act, out, int8):
+    g, a = e.g, n.attrs
+    y = e.tensor(out, g.types[out])
+    xt, wt = g.types[n.inputs[0]], g.types[n.inputs[1]]
+    G = conv_geometry(xt.shape, wt.shape, a)
+    is_dw = G["g"] > 1 and G["I"] == 1 and G["g"] == G["C"]
+    xs = [e.value(i) if not (k == 1 and is_dw) else -1 for k, i in enumerate(n.inputs)]
+    pad = a["padding"]
+    if pad not in tfl.PAD_CODES:
+        xs = [_export_explicit_pad(e, n, G, xs[0], xt, int8)] + xs[1:]
+        pad = "valid"
+    common = dict(Padding=tfl.PAD_CODES[pad], StrideW=a["stride"][1], StrideH=a["stride"][0],
+                  DilationWFactor=a["dilation"][1], DilationHFactor=a["dilation"][0],
+                  FusedActivationFunction=tfl.ACT_CODES[a["activation"]])
+    bias = xs[2:] or _export_bias(e, n, G, xt, wt, is_dw, int8)
+    if is_dw:
+        w = np.asarray(g.consts.get(n.inputs[1], g.params.get(n.inputs[1])))
+        q = wt.quant
+        if q is not None and q.per_channel:
+            q = QParams(q.scale, q.zero_point, 3)
+        wi = e.const(n.inputs[1] + "/1hwo", np.ascontiguousarray(np.transpose(w, (3, 1, 2, 0))), q)
+        e.op("DEPTHWISE_CONV_2D", [xs[0], wi] + bias, [y], "DepthwiseConv2DOptions", int8,
+             DepthMultiplier=G["O"] // G["C"], **common)
+    else:
+        e.op("CONV_2D", xs[:2] + bias, [y], "Conv2DOptions", int8, **common)

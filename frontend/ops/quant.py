@@ -199,3 +199,10 @@ def _tfl_dequantize(imp, k, op, ins, out):
                       f"(or constant float16) tensors")
     chk.per_tensor(imp.err, w, imp.g.types[x].quant, "the input")
     imp.values[out] = imp.emit(k, name, "dequantize", [x], {"dtype": "float32"}, out)
+
+
+# ---- TFLite export ------------------------------------------------------------------------------
+@tfl.exporter("quantize", "dequantize", versions={"QUANTIZE": 2, "DEQUANTIZE": 2})
+def _tfl_export_quant(e, n, act, out, int8):
+    name = "QUANTIZE" if n.op == "quantize" else "DEQUANTIZE"
+    e.op(name, [e.value(i) for i in n.inputs], [e.tensor(out, e.g.types[out])], name.title() + "Options", True)

@@ -642,3 +642,49 @@ def _tfl_concat(imp, k, op, ins, out):
         if imp.g.types[v].dtype == "int8":
             chk.same_quant(imp.err, w, imp.g.types[v].quant, imp.tensors[out]["quant"], f"input {v!r}")
     imp.values[out] = imp.emit(k, name, "concat", xs, {"axis": axis % nd}, out)
+
+
+# ---- TFLite export ------------------------------------------------------------------------------
+def _export_io(e, n, out):
+    return [e.value(i) for i in n.inputs], e.g.types[out], e.tensor(out, e.g.types[out])
+
+
+@tfl.exporter("concat", versions={"CONCATENATION": 2}, fuses_activation=True)
+def _tfl_export_concat(e, n, act, out, int8):
+    xs, ot, y = _export_io(e, n, out)
+    e.op("CONCATENATION", xs, [y], "ConcatenationOptions", int8, Axis=n.attrs["axis"] % len(ot.shape),
+         FusedActivationFunction=tfl.ACT_CODES[act])
+
+
+@tfl.exporter("reshape")
+def _tfl_export_reshape(e, n, act, out, int8):
+    xs, ot, y = _export_io(e, n, out)
+    shp = e.const(out + "/shape", np.asarray(ot.shape, np.int32))
+    e.op("RESHAPE", xs + [shp], [y], "ReshapeOptions", int8, NewShape=list(ot.shape))
+
+
+@tfl.exporter("softmax", versions={"SOFTMAX": 2})
+def _tfl_export_softmax(e, n, act, out, int8):
+    xs, ot, y = _export_io(e, n, out)
+    if n.attrs["axis"] % len(ot.shape) != len(ot.shape) - 1:
+        raise tfl.ExportError(f"node {n.name!r}: TFLite's SOFTMAX works on the last axis")
+    e.op("SOFTMAX", xs, [y], "SoftmaxOptions", int8, Beta=1.0)
+
+
+@tfl.exporter("pad", versions={"PAD": 2})
+def _tfl_export_pad(e, n, act, out, int8):
+    xs, ot, y = _export_io(e, n, out)
+    it = e.g.types[n.inputs[0]]
+    if n.attrs["value"] != 0.0:
+        raise tfl.ExportError(f"node {n.name!r}: only zero padding exports (TFLite PAD)")
+    p = np.asarray(n.attrs["pads"], np.int32).reshape(len(it.shape), 2)
+    e.op("PAD", xs + [e.const(out + "/paddings", p)], [y], "PadOptions", int8)
+
+
+@tfl.exporter("mean", versions={"MEAN": 2})
+def _tfl_export_mean(e, n, act, out, int8):
+    xs, ot, y = _export_io(e, n, out)
+    it = e.g.types[n.inputs[0]]
+    axes = n.attrs["axes"] if n.attrs["axes"] is not None else list(range(len(it.shape)))
+    e.op("MEAN", xs + [e.const(out + "/axes", np.asarray(axes, np.int32))], [y], "ReducerOptions", int8,
+         KeepDims=bool(n.attrs["keepdims"]))

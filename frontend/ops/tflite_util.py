@@ -14,7 +14,8 @@ import numpy as np
 
 from .. import tflite_checks as chk
 from ..limits import check as check_limit
-from ..registry import TFLITE_IMPORTERS
+from ..errors import KilnError
+from ..registry import TFLITE_IMPORTERS, TFLiteExport, get_op
 
 ACT = {0: "none", 1: "relu", 3: "relu6"}
 ACT_NAMES = {0: "NONE", 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6", 4: "TANH", 5: "SIGN_BIT"}
@@ -34,6 +35,19 @@ def importer(*builtins):
             TFLITE_IMPORTERS[b] = fn
         return fn
     return deco
+
+
+def exporter(*ops, versions=None, fuses_activation=False):
+    """Decorator: ``fn(e, node, act, out, int8)`` writes the Kiln op(s) ``ops`` to a .tflite."""
+    def deco(fn):
+        for name in ops:
+            get_op(name).tflite = TFLiteExport(fn, dict(versions or {}), fuses_activation)
+        return fn
+    return deco
+
+
+class ExportError(KilnError):
+    """A graph uses something the .tflite exporter cannot express."""
 
 
 def where(k, name):
