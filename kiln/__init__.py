@@ -6,6 +6,7 @@ Public API (see README.md):
     kiln.run(graph, *inputs)                                     (NumPy reference executor)
     kiln.save(graph, path) / kiln.load(path)
     kiln.nn (Module API and layers), kiln.F (NumPy-like ops; also kiln.exp, kiln.where, ...)
+    kiln.step_compiler(name)                                     (compiled training steps for kiln.training)
 """
 from kiln.common.version import __version__  # noqa: E402,F401
 
@@ -23,3 +24,4 @@ from kiln import nn  # noqa: E402,F401
 # (kiln, kiln.frontend, ...), this package is initialised first, so a loaded int8 graph always
 # runs with TFLite's int8 semantics (no order dependence).
 from kiln import quantize as _quantize  # noqa: E402,F401
+from kiln.training_backends import step_compiler  # noqa: E402,F401

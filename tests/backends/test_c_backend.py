@@ -127,7 +127,7 @@ def test_int8_ops_bit_exact_weight_storage(int8_graph, optimize, tmp_path_factor
     "speed": small layers keep the int16 packing (kiln_dot2x2rq_w16, kiln_dot*_w16)."""
     pkg = compile_pkg(int8_graph, target="host", out_dir=tmp_path_factory.mktemp(optimize), plot=False,
                       measure_size=False, optimize=optimize)
-    assert pkg.manifest["optimize"] == optimize
+    assert pkg.manifest.optimize == optimize
     src = open(os.path.join(pkg.path, "kernels.c")).read()
     bits = re.findall(r"kiln_conv_s8\([^;]*?, (8|16), \(&\(convq", src)
     assert bits, "the int8 table has groups-1 convs on the fused path"
@@ -287,7 +287,7 @@ def test_cross_compiles_warning_free(shared_models, target, tmp_path):
     # measure_size compiles kernels.c and model.c with -Wall -Wextra -Werror for the core
     pkg = compile_pkg(os.path.join(shared_models, "pretrainedResnet_quant.tflite"), target=target,
                       out_dir=tmp_path, plot=False)
-    assert pkg.manifest["sizes"]["code_bytes"] > 0
+    assert pkg.manifest.sizes["code_bytes"] > 0
 
 
 def test_package_contract(tmp_path):
@@ -308,7 +308,7 @@ def test_package_contract(tmp_path):
     for banned in ("tvm/", "TVMBackendAllocWorkspace", "malloc", "TVMFFI"):
         assert banned not in src
     m = pkg.manifest
-    assert m["commands"][0]["macs"] == 12 and m["inputs"][0]["shape"] == [1, 4]
+    assert m.commands[0].macs == 12 and m.inputs[0].shape == [1, 4]
     x = np.array([[1, -2, 3, 4]], np.float32)
     np.testing.assert_allclose(pkg.run(x)[0], [[1, 0, 3]])
 
