@@ -121,7 +121,7 @@ def get_target(name) -> Target:
     if name in BACKEND_TARGETS:
         return BACKEND_TARGETS[name]
     if name in board_names():
-        return Target(name, board_targets.board_runner(name), exact=True, multi_io=False,
+        return Target(name, board_targets.board_runner(name), exact=True,
                       description=f"firmware on board {name}")
     raise KilnError(f"unknown target {name!r}; available: {', '.join(sorted(target_names()))} "
                     f"(boards: see `kiln boards`)")
