@@ -224,7 +224,7 @@ def test_float_ops_without_c_kernels_use_their_te_compute(tmp_path):
     for name, want, got in zip(g.outputs, run(g, *feeds), pkg.run(*feeds)):
         assert got.shape == want.shape and got.dtype == want.dtype, name
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
-    macs = {c["name"]: c["macs"] for c in pkg.manifest["commands"]}
+    macs = {c.name: c.macs for c in pkg.manifest.commands}
     assert macs["cgi"] == macs["cgw"] == 2 * 4 * 3 * 5 * 3 * 3 * 4
 
 
@@ -233,11 +233,11 @@ def test_macs_are_the_ops_own(tmp_path):
     from kiln.commands.inspect import macs, summarize
     g = _float_graph()
     pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
-    per_node = {c["name"]: c["macs"] for c in pkg.manifest["commands"]}
+    per_node = {c.name: c.macs for c in pkg.manifest.commands}
     for n in g.nodes:
         if OPS[n.op].macs is not None:
             assert per_node[n.name] == macs(g, n) > 0, n.name
-    assert pkg.manifest["macs"] == summarize(g)["macs"]
+    assert pkg.manifest.macs == summarize(g)["macs"]
     # conv2d [2, 6, 5, 4] * [6, 3, 3, 4] 'same', by hand
     assert per_node["conv2d_0"] == 2 * 6 * 5 * 6 * 3 * 3 * 4
 
