@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import tirx
 
-from kiln.quantize import fixedpoint
-from kiln.quantize._qutil import channel_params, per_tensor
+from kiln.quantize import channel_params, fixedpoint, per_tensor
 from kiln.quantize.int8_linear import requantize_params
 
 I32, I64 = "int32", "int64"

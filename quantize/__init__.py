@@ -7,8 +7,11 @@
 - ``ptq(graph, calibration_data, per_channel=True, method="minmax"|"percentile"|"mse", int8_io=False)``
 - ``qat(graph, train, test, ...)``: fake-quantised fine-tuning with kiln.training, then conversion.
 - ``export_tflite(graph, path=None)``; .tflite import is ``kiln.frontend.tflite_import.load_tflite``.
+- ``per_tensor(type, what, op)``, ``channel_params(type, n, op)``: a value's quantisation
+  parameters as the int8 rules read them (the backends derive their constants with them).
 """
 from . import fixedpoint  # noqa: F401
+from ._qutil import channel_params, per_tensor  # noqa: F401
 from . import ops  # noqa: F401  (registers quantize / dequantize / fake_quant)
 from . import int8_elementwise, int8_linear, int8_shape  # noqa: F401  (fill the int8_ref rules)
 from .calibrate import calibrate, qparams_from_range  # noqa: F401

@@ -14,7 +14,7 @@ import numpy as np
 
 from kiln.frontend.errors import ShapeError
 from kiln.frontend.ops.nn import _padded, _win, pool_geometry
-from kiln.frontend.ops._util import norm_axes
+from kiln.frontend.ops import norm_axes
 from kiln.frontend.registry import defrule, get_op
 
 from . import fixedpoint as fp
