@@ -17,11 +17,16 @@ import dataclasses
 
 import numpy as np
 
+from kiln.frontend import functional as F
 from kiln.frontend.errors import GraphError
 from kiln.frontend.executor import run
 from kiln.frontend.graph import Graph
 from kiln.frontend.registry import NONDIFF, get_op
+from kiln.frontend.tensor import Tensor
 from kiln.frontend.types import FLOAT_DTYPES, TensorType
+
+from .forward import _contract
+from .reverse import grad
 
 
 def to_float64(graph: Graph) -> Graph:
@@ -104,10 +109,6 @@ def check_grads(graph: Graph, inputs, wrt=None, order=1, eps=1e-6, tol=1e-6, dir
     gradient of the gradient. Returns a :class:`GradCheck`: the worst relative error per ``wrt``
     value and, when one exceeds ``tol`` (and ``blame``), the node whose own VJP disagrees most.
     """
-    from .forward import _contract
-    from .reverse import grad
-    from kiln.frontend.tensor import Tensor
-
     if order not in (1, 2):
         raise ValueError(f"check_grads: order must be 1 or 2, got {order!r}")
     g64 = to_float64(graph)
@@ -152,8 +153,6 @@ def check_grads(graph: Graph, inputs, wrt=None, order=1, eps=1e-6, tol=1e-6, dir
 
 def _scalarize(g64, out, rng):
     """Graph whose single output is sum(out * r) for a fixed random r (a scalar objective)."""
-    from kiln.frontend import functional as F
-    from kiln.frontend.tensor import Tensor
     g = g64.copy()
     t = g.types[out]
     if not t.is_float:

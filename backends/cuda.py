@@ -1,34 +1,32 @@
 """CUDA package emitter: Kiln float graphs -> `.cu` + launch plan + arena plan + weights blob.
 
-The package runs without TVM (backends/cuda_runner.py: CuPy/NVRTC). Pipeline, one named pass
-each (``PIPELINE``); every step only needs what the one before produced:
+The package runs without TVM (backends/cuda_runner.py: CuPy/NVRTC); backends/cuda_plan.py reads,
+checks and interprets it on the CPU. ``compile`` runs ``PIPELINE``, one named pass each on one
+typed state (:class:`CudaState`); every pass only needs what the ones before produced:
 
-  to_relax      one ``emit_te`` per node with the TE rules of backends/tvm_te.py (float32, or
-                float16/bfloat16 storage with float32 accumulation)
-  fuse          Relax AnnotateTIROpPattern + FuseOps + FuseTIR: element-wise epilogues (bias,
-                activation, BN arithmetic, gradient masks) fuse into their producers
+  relax         one ``emit_te`` per node with the TE rules (float32, or float16/bfloat16 storage
+                with float32 accumulation), then Relax AnnotateTIROpPattern + FuseOps + FuseTIR:
+                element-wise epilogues (bias, activation, BN arithmetic, gradient masks) fuse into
+                their producers
   steps         walk Relax ``main``: each ``call_tir`` is one step with its argument values
-  schedule      DLight per PrimFunc (Matmul, GEMV, Reduction, GeneralReduction, Fallback, first
-                rule that schedules *and* lowers wins; convolutions go to Fallback)
-  lower         the s_tir lowering passes up to SplitHostDevice (no packed API): the host side of
-                each step is then a list of ``call_ffi_kernel`` launches whose arguments are the
-                step's buffers or step-local global temporaries, with grid/block extents
-  plan          a static greedy arena plan over (bytes, first step, last step) of graph inputs,
-                activations, outputs and step temporaries; weights go to one blob
+  lower         DLight per PrimFunc (Matmul, GEMV, Reduction, GeneralReduction, Fallback, first
+                rule that schedules *and* lowers wins; convolutions go to Fallback), then the
+                s_tir lowering passes up to SplitHostDevice (no packed API): the host side of each
+                step is a list of ``call_ffi_kernel`` launches whose arguments are the step's
+                buffers or step-local global temporaries, with grid/block extents
+  plan          lifetimes (planner.lifetimes) of graph inputs, activations, outputs and step
+                temporaries -> a static arena plan (planner.plan, the C backend's planner)
+  weights       parameters and constants that are not folded go to one blob
+  launch_plan   every launch's arguments as arena / weights locations
   emit          kernels.cu (device code from the same lowered IR), manifest.json (launch plan:
                 kernel, grid, block, dynamic shared memory, each argument as arena/weights offset),
                 weights.bin, plan.txt (the arena drawn), groups.json (unscheduled TIR of each step,
                 for the CPU plan interpreter)
-
-``interpret_plan(pkg, inputs)`` executes the *same* plan on the CPU: each step's PrimFunc is built
-for LLVM and called on NumPy views of one arena and the weights blob at the manifest's offsets,
-so offsets, lifetimes and step order are validated without a GPU.
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
-import shutil
 import time
 
 import numpy as np
@@ -37,12 +35,12 @@ from kiln.frontend.errors import KilnError
 from kiln.frontend.graph import Graph
 from kiln.frontend.types import TensorType
 
-from . import tvm_te
+from . import planner, tvm_te
+from .cuda_plan import (ALIGN, DTYPES, check_package, check_plan, expand_inputs, from_storage,  # noqa: F401
+                        interpret_plan, load_manifest, to_storage)
+from .manifest import CUDA_FORMAT, Arg, ArenaBuffer, Launch, Manifest, Step, Tensor, save_manifest
 
-ALIGN = 256
-FORMAT = 1
-DTYPES = ("float32", "float16", "bfloat16")
-PIPELINE = ["to_relax", "fuse", "steps", "schedule", "lower", "plan", "emit"]
+FORMAT = CUDA_FORMAT
 RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")
 
 
@@ -299,164 +297,180 @@ def _device_target(target):
     return tvm.target.Target(d)
 
 
+
+
 # ---- static memory plan -----------------------------------------------------------------------
 def plan_arena(buffers, align=ALIGN):
     """Static arena plan with backends/planner.py (the C backend's planner: greedy strategies,
     smallest wins): buffers [(name, bytes, first step, last step)] -> ({name: offset}, arena bytes).
     Two buffers may share bytes only when their [first, last] step ranges do not intersect."""
-    from . import planner
-    p = planner.plan([planner.Buffer(n, s, f, l, align) for n, s, f, l in buffers], random_orders=0)
-    return dict(p.offsets), _align(p.peak, align)
+    p = _plan([planner.Buffer(n, s, f, l, align) for n, s, f, l in buffers], align)
+    return dict(p.offsets), p.arena_bytes
 
 
-def check_plan(buffers, offsets, align=16):
-    """Raise if two buffers alive at the same step overlap in the arena (or one is misaligned)."""
-    from . import planner
-    bad = planner.overlaps([planner.Buffer(n, s, f, l, align) for n, s, f, l in buffers], offsets)
-    if bad:
-        raise KilnError("arena plan is wrong: " + "; ".join(bad[:5]))
+def _plan(buffers, align=ALIGN):
+    return planner.plan(buffers, random_orders=0, arena_align=align)
 
 
-def draw_plan(buffers, offsets, peak, width=64):
-    lines = [f"arena: {peak} bytes ({len(buffers)} buffers, alignment {ALIGN})",
-             f"{'buffer':<40} {'offset':>10} {'bytes':>10}  steps"]
-    for n, s, f, l in sorted(buffers, key=lambda b: (offsets[b[0]], b[2])):
-        lo = int(offsets[n] / max(peak, 1) * width)
-        hi = max(lo + 1, int((offsets[n] + s) / max(peak, 1) * width))
-        lines.append(f"{n:<40} {offsets[n]:>10} {s:>10}  {f:>3}..{l:<3} |{' ' * lo}{'#' * (hi - lo)}{' ' * (width - hi)}|")
-    return "\n".join(lines)
+# ---- the pipeline -----------------------------------------------------------------------------
+@dataclasses.dataclass
+class CudaState:
+    """What the passes read and write: the input block, then each pass's results."""
+    graph: Graph                         # float graph, dropout externalised (masks: host inputs)
+    out_dir: str
+    arch: str = "sm_90"
+    dtype: str = "float32"               # storage dtype of float32 values
+    with_updates: bool = False           # buffer updates of a train-mode graph become outputs
+    params: dict | None = None           # parameter values replacing the graph's in the blob
+    user_inputs: list = dataclasses.field(default_factory=list)   # the graph's inputs before the masks
+    masks: list = dataclasses.field(default_factory=list)         # tvm_te.externalize_dropout's masks
+    target: object = None                # relax: the TVM target
+    mod: object = None                   # relax: the fused Relax module
+    values: dict = dataclasses.field(default_factory=dict)   # steps: {name: {shape, dtype, kind}}
+    steps: list = dataclasses.field(default_factory=list)    # steps: [{func, args, n_in}]
+    outs: list = dataclasses.field(default_factory=list)     # steps: output values (then updates)
+    tir_mod: object = None               # steps: the steps' PrimFuncs
+    info: dict = dataclasses.field(default_factory=dict)     # lower: {func: (launches, temps, rule)}
+    source: str = ""                     # lower: CUDA C of every kernel
+    buffers: list = dataclasses.field(default_factory=list)  # plan: [planner.Buffer]
+    plan: planner.MemoryPlan | None = None
+    blob: bytearray = dataclasses.field(default_factory=bytearray)   # weights
+    woff: dict = dataclasses.field(default_factory=dict)              # weights: {value: offset}
+    plan_steps: list = dataclasses.field(default_factory=list)        # launch_plan: [manifest.Step]
+    manifest: Manifest | None = None     # emit
+    t0: float = dataclasses.field(default_factory=time.time)
+
+    def nbytes(self, v):
+        return _nbytes(self.values[v]["shape"], self.values[v]["dtype"])
+
+    def loc(self, v) -> Arg:
+        """Where value ``v`` lives: the weights blob or the arena."""
+        if self.values[v]["kind"] == "weight":
+            return Arg(value=v, space="weights", offset=self.woff[v], bytes=self.nbytes(v))
+        return Arg(value=v, space="arena", offset=self.plan.offsets[v], bytes=self.nbytes(v))
 
 
-# ---- weights ----------------------------------------------------------------------------------
-def to_storage(arr, dtype):
-    """NumPy array in the package's storage dtype (bfloat16 as uint16 bits, round to nearest even)."""
-    a = np.ascontiguousarray(arr)
-    if dtype == "bfloat16":
-        u = a.astype(np.float32).view(np.uint32)
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return a.astype(np.dtype(dtype), copy=False)
+def relax(st: CudaState):
+    """Needs: the input. The graph as a fused Relax module for the GPU target."""
+    st.target = gpu_target(st.arch)
+    st.mod = fuse(st.graph, st.dtype, st.target, st.with_updates)
 
 
-def from_storage(raw, dtype, shape):
-    if dtype == "bfloat16":
-        return (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    return np.frombuffer(raw, np.dtype(dtype)).reshape(shape)
+def steps(st: CudaState):
+    """Needs: relax. The steps of Relax ``main`` and their PrimFuncs."""
+    import tvm
+    st.values, st.steps, st.outs = extract_steps(st.mod, st.graph, st.dtype, st.with_updates)
+    st.tir_mod = tvm.IRModule({gv: f for gv, f in st.mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)})
 
 
-# ---- compile ----------------------------------------------------------------------------------
+def lower(st: CudaState):
+    """Needs: steps. Every PrimFunc scheduled and lowered: launches per step and the CUDA source."""
+    st.info, st.source = lower_steps(st.tir_mod, st.target)
+
+
+def plan(st: CudaState):
+    """Needs: lower. Inputs live from step -1, outputs to the end, temporaries within their step;
+    weights are not in the arena."""
+    inputs = [v for v, d in st.values.items() if d["kind"] == "input"]
+    first, last = planner.lifetimes(inputs, [(s["args"][:s["n_in"]], s["args"][s["n_in"]:]) for s in st.steps],
+                                    st.outs, born=-1, end=len(st.steps))
+    bufs = []
+    for v, d in st.values.items():
+        if d["kind"] != "weight":
+            f = first.get(v, 0)
+            bufs.append(planner.Buffer(v, st.nbytes(v), f, last.get(v, f), ALIGN))
+    for k, s in enumerate(st.steps):
+        for tname, (shape, dt) in st.info[s["func"]][1].items():
+            name = f"{s['func']}@{k}:{tname}"
+            st.values[name] = {"shape": shape, "dtype": dt, "kind": "temp"}
+            bufs.append(planner.Buffer(name, _nbytes(shape, dt), k, k, ALIGN))
+    st.buffers, st.plan = bufs, _plan(bufs)
+    check_plan([(b.name, b.size, b.first, b.last) for b in bufs], st.plan.offsets)
+
+
+def weights(st: CudaState):
+    """Needs: steps. Parameters and unfolded constants (``params`` first) in one blob, each at a
+    256-byte aligned offset."""
+    tensors = dict(st.graph.tensors())
+    tensors.update(st.params or {})
+    for v, d in st.values.items():
+        if d["kind"] == "weight":
+            raw = to_storage(np.asarray(tensors[v]), d["dtype"]).tobytes()
+            st.woff[v] = len(st.blob)
+            st.blob += raw + b"\0" * (_align(len(raw)) - len(raw))
+
+
+def launch_plan(st: CudaState):
+    """Needs: plan, weights. Each step's arguments and launches with arena / weights locations."""
+    for k, s in enumerate(st.steps):
+        ls, _, rule = st.info[s["func"]]
+        launches = []
+        for L in ls:
+            args = [st.loc(s["args"][a[1]]) if a[0] == "param" else
+                    st.loc(f"{s['func']}@{k}:{a[1]}") if a[0] == "temp" else Arg(scalar=a[1], dtype=a[2])
+                    for a in L["args"]]
+            launches.append(Launch(L["kernel"], L["grid"], L["block"], L["shared_bytes"], args))
+        st.plan_steps.append(Step(k, s["func"], rule, [st.loc(a) for a in s["args"]], s["n_in"], launches))
+
+
+def emit(st: CudaState):
+    """Needs: launch_plan. Writes kernels.cu, weights.bin, plan.txt, groups.json, manifest.json."""
+    import tvm
+    g, launches = st.graph, [L for s in st.plan_steps for L in s.launches]
+    arena = st.plan.arena_bytes
+    os.makedirs(st.out_dir, exist_ok=True)
+    with open(os.path.join(st.out_dir, "kernels.cu"), "w") as f:
+        f.write(f"// Kiln CUDA package for graph {g.name!r}: {len(launches)} launches, arch {st.arch}, {st.dtype}\n")
+        f.write(st.source)
+    with open(os.path.join(st.out_dir, "weights.bin"), "wb") as f:
+        f.write(bytes(st.blob))
+    with open(os.path.join(st.out_dir, "plan.txt"), "w") as f:
+        f.write(f"arena: {arena} bytes ({len(st.buffers)} buffers, alignment {ALIGN})\n"
+                f"{st.plan.table()}\n\n{st.plan.drawing()}\n")
+    with open(os.path.join(st.out_dir, "groups.json"), "w") as f:
+        f.write(tvm.ir.save_json(st.tir_mod))
+    st.manifest = _manifest(st, arena, launches, tvm.__version__)
+    save_manifest(st.out_dir, st.manifest)
+
+
+def _manifest(st: CudaState, arena, launches, tvm_version) -> Manifest:
+    g, values, n_out = st.graph, st.values, len(st.graph.outputs)
+
+    def placed(name, v, kind=None):
+        a = st.loc(v)
+        return Tensor(name, values[v]["shape"], values[v]["dtype"], a.bytes, a.offset, space=a.space, value=v) \
+            if kind is None else Tensor(name, values[v]["shape"], values[v]["dtype"], a.bytes, a.offset, kind=kind)
+    return Manifest(
+        format=FORMAT, target="cuda", arch=st.arch, dtype=st.dtype, model=g.name,
+        signature=tvm_te.graph_signature(g, st.dtype, extra={"target": "cuda", "arch": st.arch}),
+        tvm=tvm_version, sources=["kernels.cu"], arena_bytes=arena, alignment=ALIGN, weights_file="weights.bin",
+        weights_bytes=len(st.blob), user_inputs=st.user_inputs, dropout_masks=st.masks,
+        inputs=[placed(i, i, kind=values[i]["kind"]) for i in g.inputs],
+        outputs=[placed(go, o) for go, o in zip(g.outputs, st.outs[:n_out])],
+        updates=[placed(b, o) for b, o in zip(g.updates, st.outs[n_out:])] if st.with_updates else [],
+        weights=[Tensor(v, d["shape"], d["dtype"], st.nbytes(v), st.woff[v]) for v, d in values.items()
+                 if d["kind"] == "weight"],
+        buffers=[ArenaBuffer(b.name, b.size, b.first, b.last, st.plan.offsets[b.name], values[b.name]["kind"])
+                 for b in st.buffers],
+        kernels=sorted({L.kernel for L in launches}), steps=st.plan_steps, launches=len(launches),
+        build_seconds=round(time.time() - st.t0, 2))
+
+
+PIPELINE = [relax, steps, lower, plan, weights, launch_plan, emit]
+
+
 def compile(graph: Graph, out_dir, arch="sm_90", dtype="float32", with_updates=False, params=None):
     """Write a CUDA package for a float Kiln graph to ``out_dir``; returns ``out_dir``.
     ``dtype`` is the storage dtype of float32 values (float16/bfloat16 accumulate in float32)."""
-    import tvm
     if dtype not in DTYPES:
         raise KilnError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     graph.validate()
     user_inputs = list(graph.inputs)
     graph, masks = tvm_te.externalize_dropout(graph)
     tvm_te.check_lowerable(graph, f"cuda ({arch})")
-    t0 = time.time()
-    target = gpu_target(arch)
-    mod = fuse(graph, dtype, target, with_updates)
-    values, steps, outs = extract_steps(mod, graph, dtype, with_updates)
-    tir_mod = tvm.IRModule({gv: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)})
-    info, source = lower_steps(tir_mod, target)
-
-    # lifetimes: inputs from step -1, outputs to the end, temps within their step
-    n = len(steps)
-    first, last = {}, {}
-    for v, d in values.items():
-        if d["kind"] == "input":
-            first[v], last[v] = -1, -1
-    for k, st in enumerate(steps):
-        for i, a in enumerate(st["args"]):
-            if i >= st["n_in"]:
-                first.setdefault(a, k)
-            last[a] = max(last.get(a, k), k)
-    for o in outs:
-        last[o] = n
-    launches, buffers = [], []
-    for v, d in values.items():
-        if d["kind"] != "weight":
-            buffers.append((v, _nbytes(d["shape"], d["dtype"]), first.get(v, 0), last.get(v, first.get(v, 0))))
-    for k, st in enumerate(steps):
-        _, temps, _ = info[st["func"]]
-        for tname, (shape, dt) in temps.items():
-            name = f"{st['func']}@{k}:{tname}"
-            values[name] = {"shape": shape, "dtype": dt, "kind": "temp"}
-            buffers.append((name, _nbytes(shape, dt), k, k))
-    offsets, arena = plan_arena(buffers)
-    check_plan(buffers, offsets)
-
-    # weights blob
-    tensors = dict(graph.tensors())
-    if params:
-        tensors.update(params)
-    blob, woff = bytearray(), {}
-    for v, d in values.items():
-        if d["kind"] == "weight":
-            raw = to_storage(np.asarray(tensors[v]), d["dtype"]).tobytes()
-            woff[v] = len(blob)
-            blob += raw + b"\0" * (_align(len(raw)) - len(raw))
-
-    def loc(v):
-        d = values[v]
-        if d["kind"] == "weight":
-            return {"value": v, "space": "weights", "offset": woff[v], "bytes": _nbytes(d["shape"], d["dtype"])}
-        return {"value": v, "space": "arena", "offset": offsets[v], "bytes": _nbytes(d["shape"], d["dtype"])}
-
-    plan_steps = []
-    for k, st in enumerate(steps):
-        ls, temps, rule = info[st["func"]]
-        step_launches = []
-        for L in ls:
-            args = []
-            for a in L["args"]:
-                if a[0] == "param":
-                    args.append(loc(st["args"][a[1]]))
-                elif a[0] == "temp":
-                    args.append(loc(f"{st['func']}@{k}:{a[1]}"))
-                else:
-                    args.append({"scalar": a[1], "dtype": a[2]})
-            step_launches.append({"kernel": L["kernel"], "grid": L["grid"], "block": L["block"],
-                                  "shared_bytes": L["shared_bytes"], "args": args})
-            launches.append(step_launches[-1])
-        plan_steps.append({"step": k, "func": st["func"], "schedule": rule, "args": [loc(a) for a in st["args"]],
-                           "n_inputs": st["n_in"], "launches": step_launches})
-
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "kernels.cu"), "w") as f:
-        f.write(f"// Kiln CUDA package for graph {graph.name!r}: {len(launches)} launches, arch {arch}, {dtype}\n")
-        f.write(source)
-    with open(os.path.join(out_dir, "weights.bin"), "wb") as f:
-        f.write(bytes(blob))
-    with open(os.path.join(out_dir, "plan.txt"), "w") as f:
-        f.write(draw_plan(buffers, offsets, arena) + "\n")
-    with open(os.path.join(out_dir, "groups.json"), "w") as f:
-        f.write(tvm.ir.save_json(tir_mod))
-    n_out = len(graph.outputs)
-    manifest = {
-        "format": FORMAT, "target": "cuda", "arch": arch, "dtype": dtype, "graph": graph.name,
-        "signature": tvm_te.graph_signature(graph, dtype, extra={"target": "cuda", "arch": arch}),
-        "tvm": tvm.__version__, "sources": ["kernels.cu"], "arena_bytes": arena, "alignment": ALIGN,
-        "weights_file": "weights.bin", "weights_bytes": len(blob),
-        "user_inputs": user_inputs, "dropout_masks": masks,
-        "inputs": [{"name": i, **values[i], "offset": offsets[i], "bytes": _nbytes(values[i]["shape"], values[i]["dtype"])}
-                   for i in graph.inputs],
-        "outputs": [{"name": go, **loc(o), "shape": values[o]["shape"], "dtype": values[o]["dtype"]}
-                    for go, o in zip(graph.outputs, outs[:n_out])],
-        "updates": [{"buffer": b, **loc(o), "shape": values[o]["shape"], "dtype": values[o]["dtype"]}
-                    for b, o in zip(graph.updates, outs[n_out:])] if with_updates else [],
-        "weights": [{"name": v, "shape": d["shape"], "dtype": d["dtype"], "offset": woff[v],
-                     "bytes": _nbytes(d["shape"], d["dtype"])} for v, d in values.items() if d["kind"] == "weight"],
-        "buffers": [{"name": b, "bytes": s, "first": f, "last": l, "offset": offsets[b], "kind": values[b]["kind"]}
-                    for b, s, f, l in buffers],
-        "kernels": sorted({L["kernel"] for L in launches}),
-        "steps": plan_steps,
-        "launches": len(launches),
-        "build_seconds": round(time.time() - t0, 2),
-    }
-    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=1)
+    st = CudaState(graph, out_dir, arch, dtype, with_updates, params, user_inputs, masks)
+    for p in PIPELINE:
+        p(st)
     return out_dir
 
 
@@ -467,113 +481,3 @@ def compile_train_step(step_graph: Graph, out_dir, arch="sm_90", dtype="float32"
     if "grad" not in step_graph.meta:
         raise KilnError(f"graph {step_graph.name!r} is not a gradient graph (make it with kiln.grad)")
     return compile(step_graph, out_dir, arch=arch, dtype=dtype, with_updates=bool(step_graph.updates))
-
-
-# ---- package checks and the CPU plan interpreter ----------------------------------------------
-def load_manifest(pkg):
-    path = os.path.join(pkg, "manifest.json")
-    if not os.path.exists(path):
-        raise KilnError(f"{pkg}: no manifest.json (not a Kiln CUDA package)")
-    with open(path) as f:
-        m = json.load(f)
-    if m.get("target") != "cuda" or m.get("format") != FORMAT:
-        raise KilnError(f"{path}: target {m.get('target')!r} format {m.get('format')!r}, expected cuda format {FORMAT}")
-    return m
-
-
-def check_package(pkg):
-    """Consistency of a package: every argument inside the arena or the weights blob, no two
-    buffers alive at once overlapping, every launched kernel defined in the sources, launch
-    dimensions within CUDA limits. Returns the manifest."""
-    m = load_manifest(pkg)
-    src = "".join(open(os.path.join(pkg, s)).read() for s in m["sources"])
-    wbytes = os.path.getsize(os.path.join(pkg, m["weights_file"]))
-    if wbytes != m["weights_bytes"]:
-        raise KilnError(f"{pkg}: weights.bin has {wbytes} bytes, manifest says {m['weights_bytes']}")
-    limit = {"arena": m["arena_bytes"], "weights": m["weights_bytes"]}
-    for st in m["steps"]:
-        for L in st["launches"]:
-            where = f"step {st['step']} ({st['func']}) kernel {L['kernel']}"
-            if f"void __launch_bounds__" not in src or f" {L['kernel']}(" not in src:
-                raise KilnError(f"{where}: not defined in {m['sources']}")
-            if any(b > 1024 for b in L["block"]) or int(np.prod(L["block"])) > 1024 or min(L["grid"] + L["block"]) < 1:
-                raise KilnError(f"{where}: bad launch config grid {L['grid']} block {L['block']}")
-            for a in L["args"]:
-                if "space" in a and not (0 <= a["offset"] and a["offset"] + a["bytes"] <= limit[a["space"]]):
-                    raise KilnError(f"{where}: argument {a['value']} [{a['offset']}, +{a['bytes']}) outside the "
-                                    f"{a['space']} ({limit[a['space']]} bytes)")
-                if "space" in a and a["offset"] % 16:
-                    raise KilnError(f"{where}: argument {a['value']} offset {a['offset']} not 16-byte aligned")
-    bufs = [(b["name"], b["bytes"], b["first"], b["last"]) for b in m["buffers"]]
-    check_plan(bufs, {b["name"]: b["offset"] for b in m["buffers"]})
-    for b in m["buffers"]:
-        if b["offset"] + b["bytes"] > m["arena_bytes"]:
-            raise KilnError(f"buffer {b['name']} ends past the arena")
-    return m
-
-
-def expand_inputs(m, inputs):
-    """Package inputs (manifest order) from the user's inputs: adds the dropout masks, made on the
-    host from the key inputs with the reference's generator."""
-    users = m.get("user_inputs") or [i["name"] for i in m["inputs"]]
-    if len(inputs) != len(users):
-        raise KilnError(f"package takes {len(users)} inputs {users}, got {len(inputs)}")
-    env = dict(zip(users, inputs))
-    if m.get("dropout_masks"):
-        env.update(tvm_te.mask_values(m["dropout_masks"], env))
-    return [env[i["name"]] for i in m["inputs"]]
-
-
-def _aligned_bytes(n, align=ALIGN):
-    raw = np.empty(n + align, np.uint8)
-    start = (-raw.ctypes.data) % align
-    return raw[start:start + n]
-
-
-def interpret_plan(pkg, inputs, params=None, poison=True):
-    """Run a CUDA package's plan on the CPU: each step's (unscheduled) PrimFunc is built for LLVM
-    and called on NumPy views of a single arena and of the weights blob at the manifest offsets,
-    in plan order. The arena starts filled with NaN bytes (``poison``) so a step that reads a
-    buffer nobody wrote, or one clobbered by a wrongly shared slot, shows up as NaN. Returns the
-    outputs as float32/NumPy arrays."""
-    import tvm
-    m = load_manifest(pkg)
-    with open(os.path.join(pkg, "groups.json")) as f:
-        tir_mod = tvm.ir.load_json(f.read())
-    funcs = {}
-    for gv, fn in tir_mod.functions.items():
-        funcs[gv.name_hint] = tvm.tirx.build(fn.with_attr("global_symbol", gv.name_hint), target="llvm")
-    arena = _aligned_bytes(m["arena_bytes"])
-    arena[:] = 0xFF if poison else 0
-    weights = _aligned_bytes(m["weights_bytes"])
-    weights[:] = np.fromfile(os.path.join(pkg, m["weights_file"]), np.uint8)
-    if params:
-        for w in m["weights"]:
-            if w["name"] in params:
-                raw = to_storage(np.asarray(params[w["name"]]), w["dtype"]).view(np.uint8).ravel()
-                weights[w["offset"]:w["offset"] + w["bytes"]] = raw
-    for spec, x in zip(m["inputs"], expand_inputs(m, inputs)):
-        raw = to_storage(np.asarray(x, np.float32 if spec["dtype"] in DTYPES else spec["dtype"]).reshape(spec["shape"]),
-                         spec["dtype"]).view(np.uint8).ravel()
-        arena[spec["offset"]:spec["offset"] + spec["bytes"]] = raw
-    space = {"arena": arena, "weights": weights}
-
-    def view(a, shape, dtype):
-        raw = space[a["space"]][a["offset"]:a["offset"] + a["bytes"]]
-        np_dt = np.uint16 if dtype == "bfloat16" else np.dtype(dtype)
-        return raw.view(np_dt).reshape(shape)
-    for st in m["steps"]:
-        args = []
-        fn = tir_mod[st["func"]]
-        for a, p in zip(st["args"], fn.params):
-            b = p.ty if hasattr(p, "ty") else None
-            shape = [int(s) for s in b.shape] if b is not None and hasattr(b, "shape") else None
-            dtype = str(b.dtype) if b is not None and hasattr(b, "dtype") else "float32"
-            args.append(tvm.runtime.from_dlpack(view(a, shape, dtype)) if dtype != "bfloat16" else
-                        tvm.runtime.tensor(view(a, shape, dtype)))
-        funcs[st["func"]](*args)
-    outs = []
-    for o in m["outputs"]:
-        raw = space[o["space"]][o["offset"]:o["offset"] + o["bytes"]].tobytes()
-        outs.append(np.array(from_storage(raw, o["dtype"], o["shape"]), dtype=np.float32 if o["dtype"] in DTYPES else None))
-    return outs

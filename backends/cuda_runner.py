@@ -19,7 +19,7 @@ import numpy as np
 
 from kiln.frontend.errors import KilnError
 
-from .cuda import DTYPES, expand_inputs, from_storage, load_manifest, to_storage
+from .cuda_plan import expand_inputs, from_storage, load_manifest, storage_bytes
 
 
 class CudaUnavailable(KilnError):
@@ -69,27 +69,27 @@ class CudaRunner:
     def __init__(self, pkg, nvrtc_options=("--std=c++17",), device=None):
         self.pkg = pkg
         self.m = load_manifest(pkg)
-        cupy, self.cc = probe(self.m["arch"])
+        cupy, self.cc = probe(self.m.arch)
         self.cp = cupy
         if device is not None:
             cupy.cuda.Device(device).use()
-        with open(os.path.join(pkg, self.m["sources"][0])) as f:
+        with open(os.path.join(pkg, self.m.sources[0])) as f:
             src = f.read()
         try:
             self.module = cupy.RawModule(code=src, options=tuple(nvrtc_options), backend="nvrtc")
-            self.kernels = {k: self.module.get_function(k) for k in self.m["kernels"]}
+            self.kernels = {k: self.module.get_function(k) for k in self.m.kernels}
         except Exception as e:   # noqa: BLE001
-            raise KilnError(f"{pkg}: NVRTC could not compile {self.m['sources'][0]} for compute capability "
+            raise KilnError(f"{pkg}: NVRTC could not compile {self.m.sources[0]} for compute capability "
                             f"{self.cc}: {type(e).__name__}: {str(e)[:2000]}") from None
-        self.arena = self._alloc(self.m["arena_bytes"], "arena")
-        self.weights = self._alloc(max(self.m["weights_bytes"], 1), "weights blob")
-        blob = np.fromfile(os.path.join(pkg, self.m["weights_file"]), np.uint8)
+        self.arena = self._alloc(self.m.arena_bytes, "arena")
+        self.weights = self._alloc(max(self.m.weights_bytes, 1), "weights blob")
+        blob = np.fromfile(os.path.join(pkg, self.m.weights_file), np.uint8)
         if blob.size:
             self.weights[:blob.size].set(blob)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.graph = None
-        self._plan = [(self.kernels[L["kernel"]], L, tuple(self._arg(a) for a in L["args"]))
-                      for st in self.m["steps"] for L in st["launches"]]
+        self._plan = [(self.kernels[L.kernel], L, tuple(self._arg(a) for a in L.args))
+                      for st in self.m.steps for L in st.launches]
 
     def _alloc(self, nbytes, what):
         cp = self.cp
@@ -102,29 +102,31 @@ class CudaRunner:
 
     def _arg(self, a):
         cp = self.cp
-        if "scalar" in a:
-            return getattr(np, a["dtype"])(a["scalar"]) if hasattr(np, a["dtype"]) else np.int32(a["scalar"])
-        base = self.arena if a["space"] == "arena" else self.weights
-        return cp.uint64(base.data.ptr + a["offset"])
+        if a.scalar is not None:
+            return getattr(np, a.dtype)(a.scalar) if hasattr(np, a.dtype) else np.int32(a.scalar)
+        base = self.arena if a.space == "arena" else self.weights
+        return cp.uint64(base.data.ptr + a.offset)
+
+    @property
+    def weight_names(self):
+        return {w.name for w in self.m.weights}
 
     def set_params(self, params):
         """Upload new weights by name (e.g. after a training step)."""
-        by = {w["name"]: w for w in self.m["weights"]}
+        by = {w.name: w for w in self.m.weights}
         for k, v in params.items():
             if k not in by:
                 raise KilnError(f"package has no weight {k!r}")
             w = by[k]
-            raw = to_storage(np.asarray(v, np.float32 if w["dtype"] in DTYPES else w["dtype"]).reshape(w["shape"]),
-                             w["dtype"]).view(np.uint8).ravel()
-            self.weights[w["offset"]:w["offset"] + w["bytes"]].set(raw)
+            self.weights[w.offset:w.offset + w.bytes].set(storage_bytes(v, w.dtype, w.shape))
 
     def _launch_all(self):
         for k, L, args in self._plan:
             try:
-                k(tuple(L["grid"]), tuple(L["block"]), args, shared_mem=L["shared_bytes"], stream=self.stream)
+                k(tuple(L.grid), tuple(L.block), args, shared_mem=L.shared_bytes, stream=self.stream)
             except Exception as e:   # noqa: BLE001
-                raise CudaLaunchError(f"launch of kernel {L['kernel']} failed (grid {L['grid']}, block {L['block']}, "
-                                      f"dynamic shared memory {L['shared_bytes']} B, {len(args)} args): "
+                raise CudaLaunchError(f"launch of kernel {L.kernel} failed (grid {L.grid}, block {L.block}, "
+                                      f"dynamic shared memory {L.shared_bytes} B, {len(args)} args): "
                                       f"{type(e).__name__}: {e}") from None
 
     def capture(self):
@@ -138,13 +140,11 @@ class CudaRunner:
         return self
 
     def upload(self, inputs):
-        for spec, x in zip(self.m["inputs"], expand_inputs(self.m, inputs)):
+        for spec, x in zip(self.m.inputs, expand_inputs(self.m, inputs)):
             x = np.asarray(x)
-            if tuple(x.shape) != tuple(spec["shape"]):
-                raise KilnError(f"input {spec['name']!r}: expected shape {spec['shape']}, got {list(x.shape)}")
-            raw = to_storage(x.astype(np.float32) if spec["dtype"] in DTYPES else x.astype(spec["dtype"]),
-                             spec["dtype"]).view(np.uint8).ravel()
-            self.arena[spec["offset"]:spec["offset"] + spec["bytes"]].set(raw, stream=self.stream)
+            if tuple(x.shape) != tuple(spec.shape):
+                raise KilnError(f"input {spec.name!r}: expected shape {spec.shape}, got {list(x.shape)}")
+            self.arena[spec.offset:spec.offset + spec.bytes].set(storage_bytes(x, spec.dtype), stream=self.stream)
 
     def run_device(self):
         if self.graph is not None:
@@ -154,11 +154,11 @@ class CudaRunner:
 
     def download(self, which="outputs"):
         outs = []
-        for o in self.m[which]:
-            src = self.arena if o["space"] == "arena" else self.weights
-            raw = src[o["offset"]:o["offset"] + o["bytes"]].get(stream=self.stream)
+        for o in getattr(self.m, which):
+            src = self.arena if o.space == "arena" else self.weights
+            raw = src[o.offset:o.offset + o.bytes].get(stream=self.stream)
             self.stream.synchronize()
-            outs.append(np.array(from_storage(raw.tobytes(), o["dtype"], o["shape"])))
+            outs.append(np.array(from_storage(raw.tobytes(), o.dtype, o.shape)))
         return outs
 
     def __call__(self, *inputs):
@@ -174,7 +174,7 @@ class CudaRunner:
 
     def run_updates(self, *inputs):
         outs = self(*inputs)
-        return outs, dict(zip([u["buffer"] for u in self.m["updates"]], self.download("updates")))
+        return outs, dict(zip([u.name for u in self.m.updates], self.download("updates")))
 
     def time_ms(self, *inputs, iters=100, warmup=10):
         """Median device time of one run (CUDA events), inputs uploaded once."""

@@ -2,7 +2,6 @@
 jinja2 templates in ``backends/templates``."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
@@ -63,12 +62,12 @@ def c_string(s):
 
 
 def _tensor_info(t):
-    """One kiln_tensor_info_t initialiser (model.c)."""
-    shape = list(t["shape"]) or [1]
+    """One kiln_tensor_info_t initialiser (model.c) for a manifest Tensor."""
+    shape = list(t.shape) or [1]
     dims = ", ".join(str(int(d)) for d in shape)
-    scale = _cfloat(t["scale"]) if t.get("scale") is not None else "0.0f"
-    zp = int(t["zero_point"]) if t.get("zero_point") is not None else 0
-    return (f'{{ {c_string(t["name"])}, {t["bytes"]}u, {t["packed"]}u, {DTYPE_CODES.get(t["dtype"], 0)}u, '
+    scale = _cfloat(t.scale) if t.scale is not None else "0.0f"
+    zp = int(t.zero_point) if t.zero_point is not None else 0
+    return (f'{{ {c_string(t.name)}, {t.bytes}u, {t.packed}u, {DTYPE_CODES.get(t.dtype, 0)}u, '
             f'{len(shape)}u, {{ {dims} }}, {scale}, {zp} }}')
 
 
@@ -78,8 +77,10 @@ def _ptr_cast(dtype, const):
 
 def render(out_dir, *, model_name, target, kernels, commands, consts, plan, inputs, outputs,
            schedule, write_extras=True, optimize="size"):
+    """Write model.h, model.c, kernels.c, kiln_cmd.h and kiln_intrinsics.h; ``inputs``/``outputs``
+    are manifest Tensors. Returns the bytes of constant data (weights, tables)."""
     os.makedirs(out_dir, exist_ok=True)
-    import tvm
+    import tvm   # TVM: only its version string, for the generated files' header
     ctx = dict(version=__version__, target=target, model=model_name, tvm_version=tvm.__version__,
                optimize=optimize)
     max_io = max([len(c["offs"]) for c in commands] + [1])
@@ -110,8 +111,8 @@ def render(out_dir, *, model_name, target, kernels, commands, consts, plan, inpu
         "model.h": _ENV.get_template("model.h.j2").render(
             **ctx, inputs=inputs, outputs=outputs, arena_bytes=plan.arena_bytes, strategy=plan.strategy,
             drawing=plan.drawing(width=64).splitlines(), commands=commands,
-            input_bytes=sum(t["bytes"] for t in inputs), output_bytes=sum(t["bytes"] for t in outputs),
-            max_rank=max([len(t["shape"]) for t in list(inputs) + list(outputs)] + [1]), dtype_codes=DTYPE_CODES),
+            input_bytes=sum(t.bytes for t in inputs), output_bytes=sum(t.bytes for t in outputs),
+            max_rank=max([len(t.shape) for t in list(inputs) + list(outputs)] + [1]), dtype_codes=DTYPE_CODES),
         "kiln_cmd.h": _ENV.get_template("kiln_cmd.h.j2").render(max_io=max_io, max_data=max_data,
                                                                 num_kernels=len(kernels)),
         "model.c": _ENV.get_template("model.c.j2").render(**ctx, consts=const_ctx, commands=cmd_ctx,
@@ -126,7 +127,3 @@ def render(out_dir, *, model_name, target, kernels, commands, consts, plan, inpu
     shutil.copy(os.path.join(HERE, "include", "kiln_intrinsics.h"), os.path.join(out_dir, "kiln_intrinsics.h"))
     return weight_bytes
 
-
-def write_manifest(out_dir, manifest):
-    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=1)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import json
 import os
 import subprocess
 import tempfile
@@ -12,6 +11,8 @@ import tempfile
 import numpy as np
 
 from kiln.frontend.errors import KilnError
+
+from .manifest import load_manifest
 
 CFLAGS = ["-O2", "-std=c99", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared"]
 _CACHE = os.path.join(tempfile.gettempdir(), f"kiln_host_{os.getuid()}")
@@ -38,35 +39,36 @@ def build_shared(pkg_dir, extra_flags=()):
 
 
 class HostModel:
+    """A C package built as a host shared library: ``run(*inputs) -> [outputs]``."""
+
     def __init__(self, pkg_dir, extra_flags=()):
-        with open(os.path.join(pkg_dir, "manifest.json")) as f:
-            self.manifest = json.load(f)
+        self.manifest = load_manifest(pkg_dir)
         self.lib = ctypes.CDLL(build_shared(pkg_dir, extra_flags))
         self.lib.kiln_model_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self.lib.kiln_model_run.restype = ctypes.c_int
-        n = self.manifest["arena_bytes"]
+        n = self.manifest.arena_bytes
         self._arena_raw = np.zeros(n + 16, np.uint8)
         off = (-self._arena_raw.ctypes.data) % 16
         self.arena = self._arena_raw[off:off + n]
 
     def run(self, *inputs):
         m = self.manifest
-        if len(inputs) != len(m["inputs"]):
-            raise KilnError(f"model takes {len(m['inputs'])} inputs, got {len(inputs)}")
+        if len(inputs) != len(m.inputs):
+            raise KilnError(f"model takes {len(m.inputs)} inputs, got {len(inputs)}")
         parts = []
-        for x, t in zip(inputs, m["inputs"]):
-            x = np.ascontiguousarray(np.asarray(x).astype(t["dtype"], copy=False))
-            if list(x.shape) != t["shape"] and x.size != int(np.prod(t["shape"] or [1])):
-                raise KilnError(f"input {t['name']}: expected shape {t['shape']}, got {list(x.shape)}")
+        for x, t in zip(inputs, m.inputs):
+            x = np.ascontiguousarray(np.asarray(x).astype(t.dtype, copy=False))
+            if list(x.shape) != t.shape and x.size != int(np.prod(t.shape or [1])):
+                raise KilnError(f"input {t.name}: expected shape {t.shape}, got {list(x.shape)}")
             parts.append(x.reshape(-1).view(np.uint8))
         inbuf = np.ascontiguousarray(np.concatenate(parts)) if parts else np.zeros(1, np.uint8)
-        outbuf = np.zeros(max(1, m["output_bytes"]), np.uint8)
+        outbuf = np.zeros(max(1, m.output_bytes), np.uint8)
         rc = self.lib.kiln_model_run(self.arena.ctypes.data, inbuf.ctypes.data, outbuf.ctypes.data)
         if rc != 0:
             raise KilnError(f"kiln_model_run returned {rc}")
         outs, off = [], 0
-        for t in m["outputs"]:
-            b = t["bytes"]
-            outs.append(outbuf[off:off + b].view(t["dtype"]).reshape(t["shape"]).copy())
+        for t in m.outputs:
+            b = t.bytes
+            outs.append(outbuf[off:off + b].view(t.dtype).reshape(t.shape).copy())
             off += b
         return outs

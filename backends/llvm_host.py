@@ -1,7 +1,7 @@
 """Host CPU backend: Kiln float graphs (inference and training-step graphs) compiled with TVM's
 LLVM target and run with the Relax VM.
 
-Pipeline (each step a named pass, see ``PIPELINE``):
+The steps (``build_module``; ``pipeline`` is the Relax pass sequence):
   to_relax        one ``emit_te`` per node with the TE rules of backends/tvm_te.py
   legalize+fuse   Relax LegalizeOps, AnnotateTIROpPattern, FuseOps, FuseTIR (epilogues fuse)
   schedule_cpu    a generic CPU schedule on every fused PrimFunc: inline producers/epilogues,
@@ -340,13 +340,15 @@ def pipeline(target):
     return _pipeline
 
 
-PIPELINE = ["to_relax", "legalize+fuse", "schedule_cpu", "lower+build"]
-
 
 # ---- compile / run ----------------------------------------------------------------------------
 class CompiledGraph:
-    """A graph compiled for the host CPU. ``cg(*inputs, params=None, feeds=None)`` returns the
-    outputs as NumPy arrays; ``params`` overrides parameters or (non-folded) constants by name."""
+    """A graph compiled for the host CPU: the ``host-llvm`` backend's package (kept in memory;
+    ``path`` is the cached shared library). ``cg(*inputs, params=None, feeds=None)`` (or
+    ``cg.run``) returns the outputs as NumPy arrays; ``params`` overrides parameters or
+    (non-folded) constants by name."""
+    backend = "host-llvm"
+    manifest = None
 
     def __init__(self, graph: Graph, lib_path: str, with_updates=False, num_threads=None, build_seconds=0.0,
                  cached=False):
@@ -408,6 +410,12 @@ class CompiledGraph:
     def __call__(self, *inputs, feeds=None, params=None):
         res = self.run_tvm(*inputs, feeds=feeds, params=params)
         return [r.numpy() for r in res]
+
+    run = __call__
+
+    @property
+    def path(self):
+        return self.lib_path
 
     def run_updates(self, *inputs, **kw):
         """(outputs, {buffer: new value}) for graphs compiled with ``with_updates=True``."""

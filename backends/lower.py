@@ -35,7 +35,6 @@ PENDING = {}   # op name -> rule, for ops registered later (e.g. quantize/dequan
 def lower_rule(op_name):
     """``deflower(op_name, "c")``, deferred until the op exists in the registry."""
     def deco(fn):
-        from kiln.frontend.registry import OPS
         if op_name in OPS:
             deflower(op_name, BACKEND)(fn)
         else:
@@ -45,7 +44,6 @@ def lower_rule(op_name):
 
 
 def register_pending():
-    from kiln.frontend.registry import OPS
     for name in list(PENDING):
         if name in OPS:
             deflower(name, BACKEND)(PENDING.pop(name))

@@ -7,6 +7,7 @@ import numpy as np
 from tvm import te, tirx
 
 from kiln.frontend.registry import get_op
+from kiln.frontend.ops.elementwise import ADD_LEFT_SHIFT, add_params, mul_params
 
 from . import qmath
 from .lower import lower_rule
@@ -77,7 +78,6 @@ for _n in _UNARY:
 # ---- binary: TFLite's int8 ADD and MUL ------------------------------------------------------
 def _add_int8(k, node, xs, t1, t2, ty):
     """TFLite reference int8 ADD: both inputs rescaled to 2 * max scale with left_shift 20."""
-    from kiln.frontend.ops.elementwise import ADD_LEFT_SHIFT, add_params
     z1, z2, zo = (int(t.quant.zero_point[0]) for t in (t1, t2, ty))
     left_shift = ADD_LEFT_SHIFT
     (m1, sh1), (m2, sh2), (mo, sho) = add_params(t1.quant.scale[0], t2.quant.scale[0], ty.quant.scale[0])
@@ -101,7 +101,6 @@ def _add_int8(k, node, xs, t1, t2, ty):
 
 
 def _mul_int8(k, node, xs, t1, t2, ty):
-    from kiln.frontend.ops.elementwise import mul_params
     z1, z2, zo = (int(t.quant.zero_point[0]) for t in (t1, t2, ty))
     m, sh = mul_params(float(np.float32(t1.quant.scale[0])), float(np.float32(t2.quant.scale[0])),
                        float(np.float32(ty.quant.scale[0])))

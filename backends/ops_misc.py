@@ -5,9 +5,14 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from kiln.frontend.ops._util import norm_axes
+from kiln.frontend.ops import norm_axes
+from kiln.frontend import fixedpoint as fp
+from kiln.frontend.ops.reduce_shape import (SOFTMAX_ACCUMULATION_INTEGER_BITS, SOFTMAX_SCALED_DIFF_INTEGER_BITS,
+                                            softmax_params)
+from kiln.frontend.ops.reduce_shape import mean_params
 
 from . import gemmlowp, inplace, qmath
+from .ops_elementwise import int8_table
 from .lower import decompose_reductions, lower_rule, lower_te
 from .qmath import c
 
@@ -40,8 +45,6 @@ def softmax_exp_table(mult, left, diff_min):
     ``RoundingDivideByPOT(SRDHM(scale, e), bits + 23)`` is 0 too, hence -128, because
     ``SRDHM(scale, e) <= e < 2^22`` (scale <= INT32_MAX) and ``bits >= 0`` (the row maximum alone
     adds ``2^19`` to the sum)."""
-    from kiln.frontend import fixedpoint as fp
-    from kiln.frontend.ops.reduce_shape import SOFTMAX_ACCUMULATION_INTEGER_BITS, SOFTMAX_SCALED_DIFF_INTEGER_BITS
     d = np.arange(-255, 1, dtype=np.int64)
     e = fp.exp_on_negative_values(fp.multiply_by_quantized_multiplier_greater_than_one(d, mult, left),
                                   SOFTMAX_SCALED_DIFF_INTEGER_BITS)
@@ -59,8 +62,7 @@ def _softmax_int8(k, node, x, tx, ty):
     axis = node.attrs["axis"] % len(tx.shape)
     if axis != len(tx.shape) - 1:
         k.fail("int8 softmax runs over the last axis")
-    from kiln.frontend.ops.reduce_shape import SOFTMAX_ACCUMULATION_INTEGER_BITS as acc_bits
-    from kiln.frontend.ops.reduce_shape import softmax_params
+    acc_bits = SOFTMAX_ACCUMULATION_INTEGER_BITS
     mult, left, diff_min = softmax_params(tx.quant.scale[0])
     # Every int8 difference d = x - max lies in [-255, 0]. Only exp(d) is tabulated, and only from
     # the first d >= diff_min whose sum term is non-zero (plus one zero entry that every smaller d
@@ -169,7 +171,6 @@ def lower_mean(k, node, xs):
 
     def idx(i):
         return () if scalar else i
-    from kiln.frontend.ops.reduce_shape import mean_params
     zi, zo = int(tx.quant.zero_point[0]), int(ty.quant.zero_point[0])
     m, sh = mean_params(tx.quant.scale[0], ty.quant.scale[0], count)
     acc = te.compute(shape, lambda *i: te.sum(x[full(idx(i))].astype("int32"), axis=raxes), name="acc")
@@ -240,6 +241,5 @@ def lower_dequantize(k, node, xs):
     if tx.quant is None or tx.quant.per_channel or ty.dtype != F32:
         k.fail(f"dequantize {tx} -> {ty}: per-tensor quantised input and float32 output expected")
     # 256 possible inputs: the table is the int8 reference's own result (exact)
-    from .ops_elementwise import int8_table
     table = k.const("table", int8_table(k, node).astype(np.float32))
     return te.compute(_shape(ty), lambda *i: table[x(*i).astype("int32") + c(128)], name="dequantize")

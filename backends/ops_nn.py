@@ -9,6 +9,8 @@ import numpy as np
 from tvm import te, tirx
 
 from kiln.frontend.ops.nn import conv_geometry, pool_geometry
+from kiln.frontend.ops.int8util import channel_params, per_tensor
+from kiln.frontend.ops.nn import fc_effective_scales, fc_requant_constants
 
 from . import qmath, schedules
 from .lower import lower_rule
@@ -84,8 +86,6 @@ def fc_requant_epilogue(k, acc, tx, tw, ty, channels, act):
     """acc (int32 te tensor, bias added, channels last) -> int8 as LiteRT's reference
     FULLY_CONNECTED requantises: ``round(double(acc) * eff[c])`` + zero point, activation clamp,
     computed in integers by ``kiln_fc_s8`` (kiln_intrinsics.h; no double-precision FPU needed)."""
-    from kiln.frontend.ops.int8util import channel_params, per_tensor
-    from kiln.frontend.ops.nn import fc_effective_scales, fc_requant_constants
     s_in, _ = per_tensor(tx, "input", "dense")
     s_out, zy = per_tensor(ty, "output", "dense")
     ws, _, _ = channel_params(tw, channels, "dense")

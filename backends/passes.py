@@ -7,6 +7,8 @@ import numpy as np
 
 from kiln.frontend.registry import get_op
 
+from .lower import LoweringError, c_lowerable
+
 # activation-like ops fused into the kernel that produces their input
 EPILOGUES = {"relu", "relu6"}
 # ops whose producer may absorb them as an epilogue
@@ -31,13 +33,12 @@ def constants(graph):
 def fold_constants(graph, consts):
     """Needs: nothing. Evaluates nodes whose inputs are all constants with the reference rules
     (so e.g. a reshape of weights costs nothing at run time). Returns the remaining nodes."""
-    from kiln.frontend.executor import _is_quantized
     keep = []
     for n in graph.nodes:
         if n.inputs and all(i in consts for i in n.inputs) and n.name not in graph.outputs:
             op = get_op(n.op)
             xs = [consts[i] for i in n.inputs]
-            if op.int8_ref is not None and _is_quantized(graph, n):
+            if op.int8_ref is not None and _quantized(graph, n):
                 y = op.int8_ref(xs, n.attrs, [graph.types[i] for i in n.inputs], graph.types[n.name])
             else:
                 y = op.rule("ref")(xs, n.attrs)
@@ -45,6 +46,12 @@ def fold_constants(graph, consts):
         else:
             keep.append(n)
     return keep
+
+
+def _quantized(graph, node):
+    """The node runs with its int8 rule (as in the reference executor): its output or an input is
+    quantised."""
+    return graph.types[node.name].quant is not None or any(graph.types[i].quant is not None for i in node.inputs)
 
 
 def find_views(graph, nodes, consts):
@@ -95,7 +102,6 @@ def fuse(graph, nodes, views):
 def check_supported(graph, nodes, views):
     """Needs: nothing. Every node that becomes a kernel has a C lowering (a C override or the
     op's TE compute): fail early naming the op and node."""
-    from .lower import LoweringError, c_lowerable
     for n in nodes:
         if n.name in views:
             continue

@@ -46,10 +46,11 @@ class MemoryPlan:
     strategy: str = ""
     aliases: list = dataclasses.field(default_factory=list)
     tried: dict = dataclasses.field(default_factory=dict)   # strategy -> peak
+    arena_align: int = 16                                    # the arena's size is a multiple of this
 
     @property
     def arena_bytes(self):
-        return _align_up(self.peak, 16)
+        return _align_up(self.peak, self.arena_align)
 
     def lower_bound(self):
         """Most bytes live at once without in-place aliasing (a plan cannot beat this unless it
@@ -99,6 +100,28 @@ class MemoryPlan:
             lines.append("".join(row) + f"  {t}")
         lines.append("  ".join(f"{letters[b.name]}={b.name}" for b in names))
         return "\n".join(lines)
+
+
+def lifetimes(inputs, steps, outputs, *, born=0, end=None):
+    """First and last step of every value ``({value: first}, {value: last})``, in the order values
+    are born. ``inputs`` are alive at step ``born``; ``steps`` is a list of ``(reads, writes)``, one
+    per step; a value lives from the step that writes it to the last step that reads it; values
+    in ``outputs`` live until ``end`` (default: the last step). Shared by the C pipeline (commands)
+    and the CUDA packages (steps)."""
+    end = max(len(steps) - 1, 0) if end is None else end
+    first, last = {}, {}
+    for v in inputs:
+        first[v], last[v] = born, born
+    for t, (reads, writes) in enumerate(steps):
+        for v in writes:
+            first.setdefault(v, t)
+            last[v] = max(last.get(v, t), t)
+        for v in reads:
+            last[v] = max(last.get(v, t), t)
+    for o in outputs:
+        if o in first:
+            last[o] = end
+    return first, last
 
 
 def _align_up(x, a):
@@ -184,10 +207,11 @@ ORDERS = {
 }
 
 
-def plan(buffers, aliases=(), strategies=None, random_orders=32, seed=0) -> MemoryPlan:
+def plan(buffers, aliases=(), strategies=None, random_orders=32, seed=0, arena_align=16) -> MemoryPlan:
     """Plan ``buffers`` (a list of :class:`Buffer`) into one arena. Tries every strategy in
     ``strategies`` (default: all of ORDERS, each without and with in-place ``aliases``) and
-    ``random_orders`` seeded random orders with aliasing; returns the smallest plan."""
+    ``random_orders`` seeded random orders with aliasing; returns the smallest plan (its
+    ``arena_bytes``: the peak rounded up to ``arena_align``)."""
     buffers = list(buffers)
     names = [b.name for b in buffers]
     if len(set(names)) != len(names):
@@ -224,6 +248,7 @@ def plan(buffers, aliases=(), strategies=None, random_orders=32, seed=0) -> Memo
     if best is None:
         best = MemoryPlan(buffers, {}, 0, "empty")
     best.tried = tried
+    best.arena_align = arena_align
     return best.check()
 
 

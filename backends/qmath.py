@@ -10,13 +10,16 @@ from __future__ import annotations
 import numpy as np
 from tvm import tirx
 
+from kiln.frontend import fixedpoint
+from kiln.frontend.ops.int8util import channel_params, per_tensor
+from kiln.frontend.ops.nn import requantize_params
+
 I32, I64 = "int32", "int64"
 
 
 def quantize_multiplier(real):
     """(multiplier, shift) with real ~= multiplier * 2^(shift - 31) (TFLite's QuantizeMultiplier)."""
-    from kiln.frontend.fixedpoint import quantize_multiplier as qm
-    m, s = qm(float(real))
+    m, s = fixedpoint.quantize_multiplier(float(real))
     return int(m), int(s)
 
 
@@ -87,15 +90,12 @@ def clamp(x, lo, hi):
 # ---- compile-time constants (the int8 reference's own prepare functions) ----------------------
 def activation_range(act, scale, zp, qmin=-128, qmax=127):
     """TFLite CalculateActivationRangeQuantized: clamp bounds in the output's int8 domain."""
-    from kiln.frontend.fixedpoint import activation_range as ar
-    return ar(act, scale, zp, qmin, qmax)
+    return fixedpoint.activation_range(act, scale, zp, qmin, qmax)
 
 
 def linear_requant(in_type, w_type, out_type, n):
     """Multipliers and shifts of a conv output, exactly as the int8 reference derives them
     (``frontend/ops/nn.py: requantize_params``)."""
-    from kiln.frontend.ops.int8util import channel_params, per_tensor
-    from kiln.frontend.ops.nn import requantize_params
     s_in, _ = per_tensor(in_type, "input", "conv")
     s_out, _ = per_tensor(out_type, "output", "conv")
     ws, _, _ = channel_params(w_type, n, "conv")

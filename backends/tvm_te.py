@@ -17,9 +17,11 @@ import json
 import numpy as np
 
 from kiln.frontend import ops as _ops  # noqa: F401  (fills the registry)
-from kiln.frontend.graph import Graph
+from kiln.frontend.graph import Graph, Node
 from kiln.frontend.ops import _te as T
+from kiln.frontend.ops.nn import dropout_mask
 from kiln.frontend.registry import OPS, get_op
+from kiln.frontend.types import TensorType
 
 import tvm
 from tvm import te, tirx
@@ -178,8 +180,6 @@ def externalize_dropout(graph: Graph):
     dropout."""
     if not any(n.op == "dropout" for n in graph.nodes):
         return graph, []
-    from kiln.frontend.graph import Node
-    from kiln.frontend.types import TensorType
     g = graph.copy()
     masks, by_spec, nodes = [], {}, []
     for n in g.nodes:
@@ -205,6 +205,5 @@ def externalize_dropout(graph: Graph):
 
 def mask_values(masks, feeds):
     """{mask input name: array} for the masks of ``externalize_dropout`` from the key inputs."""
-    from kiln.frontend.ops.nn import dropout_mask
     return {m["name"]: dropout_mask(tuple(m["shape"]), np.asarray(feeds[m["key"]]), m["salt"], m["rate"],
                                     m["dtype"]) for m in masks}

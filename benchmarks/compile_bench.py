@@ -35,13 +35,12 @@ def bench(path, tmp):
     pkg = compile_pkg(path, target="cortex-m4", out_dir=os.path.join(tmp, model, "cortex-m4"), measure_size=False)
     r["compile_seconds_m4"] = round(time.time() - t0, 2)
     m = pkg.manifest
-    r.update(arena_bytes=m["arena_bytes"], lower_bound=pkg.plan.lower_bound(), planner=m["planner"],
-             planner_tried=m["planner_tried"], weight_bytes=m["weight_bytes"], commands=len(m["commands"]),
-             macs=m["macs"])
+    r.update(arena_bytes=m.arena_bytes, lower_bound=pkg.plan.lower_bound(), planner=m.planner,
+             planner_tried=m.planner_tried, weight_bytes=m.weight_bytes, commands=len(m.commands), macs=m.macs)
     r["code_bytes"] = {}
     for core in CORES:
         p = compile_pkg(path, target=core, out_dir=os.path.join(tmp, model, core), plot=False)
-        r["code_bytes"][core] = p.manifest["sizes"].get("code_bytes")
+        r["code_bytes"][core] = p.manifest.sizes.get("code_bytes")
     hp = compile_pkg(path, target="host", out_dir=os.path.join(tmp, model, "host"), plot=False, measure_size=False)
     z = np.load(path[:-len(".tflite")] + ".golden.npz")
     n = len([k for k in z.files if k.startswith("in_")])

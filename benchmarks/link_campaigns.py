@@ -45,9 +45,9 @@ def kws(shared, tmp):
     host = HostModel(pkg)
 
     def reference(xs):
-        arrays = [np.frombuffer(b, t["dtype"]).reshape(t["shape"]) for b, t in zip(xs, man["inputs"])]
+        arrays = [np.frombuffer(b, t.dtype).reshape(t.shape) for b, t in zip(xs, man.inputs)]
         return [np.ascontiguousarray(o).tobytes() for o in host.run(*arrays)]
-    return image, reference, ([t["bytes"] for t in man["inputs"]], [t["bytes"] for t in man["outputs"]])
+    return image, reference, ([t.bytes for t in man.inputs], [t.bytes for t in man.outputs])
 
 
 def main(argv=None):

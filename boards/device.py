@@ -53,12 +53,6 @@ class IOSpec:
     outputs: tuple[int, ...]
     commands: int | None = None
 
-    @classmethod
-    def from_manifest(cls, man: dict) -> "IOSpec":
-        return cls(tuple(int(t["bytes"]) for t in man["inputs"]),
-                   tuple(int(t["bytes"]) for t in man["outputs"]),
-                   len(man["commands"]) if "commands" in man else None)
-
 
 @dataclass
 class Profile:

@@ -87,7 +87,8 @@ def _stop_all() -> None:
 
 class Qemu:
     """One QEMU process running one image. ``image`` is a kiln.firmware.Image (or pass
-    ``elf=``/``board=``/``markers=`` directly)."""
+    ``elf=``/``board=``/``markers=`` directly). ``plugin``: the instruction-count plugin (a path),
+    True for the image's own (``image.qemu_plugin``), or None/False for none."""
 
     def __init__(self, image=None, *, board: Board | None = None, elf: str | Path | None = None,
                  markers: dict[str, int] | None = None, icount_shift: int | None = DEFAULT_SHIFT,
@@ -109,9 +110,8 @@ class Qemu:
         self.qmp_path = self.workdir / "qmp.sock" if qmp else None
         self._qmp = None
         self.stderr = self.workdir / "qemu.stderr"
-        if plugin is True:
-            from kiln.firmware import plugin_path
-            plugin = plugin_path()
+        if plugin is True:      # the image's own plugin (kiln.firmware.Image.qemu_plugin), if it has one
+            plugin = getattr(image, "qemu_plugin", None)
         self.plugin = Path(plugin) if plugin else None
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None

@@ -22,10 +22,11 @@ from pathlib import Path
 
 import jinja2
 
-from kiln.common.errors import KilnError
 from kiln import boards as _boards
 from kiln.boards import Board, Region
 
+from .errors import FirmwareError
+from .plugin import plugin_path
 from .sizes import SizeReport, parse_size_output
 
 FIRMWARE_DIR = Path(__file__).resolve().parent
@@ -52,10 +53,6 @@ LIBS = ["-Wl,--start-group", "-lc", "-lm", "-lgcc", "-Wl,--end-group"]   # -lm: 
 MARKERS = ("kiln_marker_begin", "kiln_marker_end", "kiln_marker_mark")
 
 
-class FirmwareError(KilnError, RuntimeError):
-    """The firmware could not be built (toolchain missing, compile or link error)."""
-
-
 class ImageTooLarge(FirmwareError):
     """The image links but does not fit the board: ``overflow`` maps region -> bytes over."""
 
@@ -77,6 +74,12 @@ class Image:
     symbols: dict[str, int] = field(default_factory=dict)
     package_dir: Path | None = None
     semihosting: bool = False
+
+    @property
+    def qemu_plugin(self) -> Path:
+        """The QEMU instruction-count plugin that counts this image's instructions between its
+        markers (boards/qemu.py loads it; built on demand, see firmware/plugin.py)."""
+        return plugin_path()
 
     @property
     def markers(self) -> dict[str, int]:

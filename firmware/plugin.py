@@ -12,9 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .build import FIRMWARE_DIR, FirmwareError
+from .errors import FirmwareError
 
-SOURCE = FIRMWARE_DIR / "qemu_plugin" / "icount.c"
+SOURCE = Path(__file__).resolve().parent / "qemu_plugin" / "icount.c"
 
 
 def _candidates() -> list[Path]:

@@ -6,6 +6,7 @@ Public API (see README.md):
     kiln.run(graph, *inputs)                                     (NumPy reference executor)
     kiln.save(graph, path) / kiln.load(path)
     kiln.nn (Module API and layers), kiln.F (NumPy-like ops; also kiln.exp, kiln.where, ...)
+    kiln.step_compiler(name)                                     (compiled training steps for kiln.training)
 """
 from kiln.common.version import __version__  # noqa: E402,F401
 
@@ -19,4 +20,4 @@ from kiln.frontend.functional import (add, sub, mul, div, neg, exp, log, sqrt, t
                                       concat, pad, broadcast_to, softmax, log_softmax, cast, constant)
 from kiln.autodiff import check_grads, checkpoint, grad, hvp, jvp, vjp  # noqa: E402,F401
 from kiln import nn  # noqa: E402,F401
-
+from kiln.training_backends import step_compiler  # noqa: E402,F401

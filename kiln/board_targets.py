@@ -1,16 +1,17 @@
-"""One verify target per board (kiln verify MODEL --golden G --target mps2-an386): compile the
+"""The verify target of a board (kiln verify MODEL --golden G --target mps2-an386): compile the
 model for the board's core, build the firmware (real boards with their real memory sizes, run in
-QEMU on the machine with the same core unless a port is given), run every golden input on it."""
+QEMU on the machine with the same core unless a port is given), run every golden input on it.
+kiln/targets.py makes one per board from :func:`board_runner`."""
 from __future__ import annotations
 
 import tempfile
 
-from kiln.targets import Target, register_target
+from kiln import hil
 
 
-def _runner(board_name):
+def board_runner(board_name):
+    """``runner(model, inputs, options)`` of the board's verify target."""
     def runner(model, inputs, options):
-        from kiln import hil
         out = options.get("out") or tempfile.mkdtemp(prefix=f"kiln_{board_name}_")
         image, pkg_dir = hil.build_for_board(model, board_name, out, port=options.get("port"),
                                              lab_map=options.get("lab_map"))
@@ -18,16 +19,3 @@ def _runner(board_name):
         options["board_run"] = res.to_dict()
         return res.outputs
     return runner
-
-
-def _register():
-    try:
-        from kiln import boards
-    except ImportError:
-        return
-    for name in boards.board_names():
-        register_target(Target(name, _runner(name), exact=True, multi_io=True,
-                               description=f"firmware on board {name}"))
-
-
-_register()

@@ -10,6 +10,8 @@ import json
 import os
 import sys
 
+import numpy as np
+
 from kiln.common.version import __version__
 from kiln.common.errors import CheckFailed, KilnError
 
@@ -110,7 +112,6 @@ def main(argv=None):
 
 
 def _json_default(o):
-    import numpy as np
     if isinstance(o, np.generic):
         return o.item()
     if isinstance(o, np.ndarray):

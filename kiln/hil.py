@@ -6,20 +6,22 @@ CLI commands build, run, verify --target BOARD, bench and demo all call it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import time
 
 import numpy as np
 
-from kiln.frontend import load_model
+from kiln import boards, firmware
+from kiln.backends import HostModel, get_backend, is_package, load_manifest
+from kiln.backends.manifest import FILE, Manifest
+from kiln.boards.device import IOSpec
+from kiln.boards.fake import FakeBoard
+from kiln.boards.target import open_device
+from kiln.firmware.sizes import image_flash_split
+from kiln.frontend import load, load_model, run, save
 from kiln.frontend.errors import KilnError
 from kiln.frontend.files import staged_dir
-
-
-def is_package(path):
-    return os.path.isdir(path) and os.path.exists(os.path.join(path, "manifest.json"))
 
 
 def compile_model(model, target, out_dir, ram_budget=None, plot=True, optimize="size", ram_reserved=None):
@@ -27,30 +29,22 @@ def compile_model(model, target, out_dir, ram_budget=None, plot=True, optimize="
     (graph.json) so later stages can compute reference outputs from the package alone, and a
     .tflite source is kept as source.tflite (for checks against LiteRT's reference kernels). The
     package and these files appear together or not at all (a staged folder moved into place)."""
-    from kiln import backends
-    from kiln.frontend import save
     graph = load_model(model)
-    with staged_dir(out_dir, "package folder", last="manifest.json") as tmp:
-        pkg = backends.compile(graph, target=target, out_dir=tmp, ram_budget=ram_budget, plot=plot,
-                               optimize=optimize, ram_reserved=ram_reserved)
+    with staged_dir(out_dir, "package folder", last=FILE) as tmp:
+        pkg = get_backend("c").compile(graph, {"target": target, "out_dir": tmp, "ram_budget": ram_budget,
+                                               "plot": plot, "optimize": optimize, "ram_reserved": ram_reserved})
         save(graph, os.path.join(tmp, "graph.json"))
         if isinstance(model, (str, os.PathLike)) and os.fspath(model).endswith(".tflite"):
             shutil.copyfile(model, os.path.join(tmp, "source.tflite"))
     return dataclasses.replace(pkg, path=os.fspath(out_dir))
 
 
-def read_manifest(pkg_dir):
-    """A package's manifest.json as a dict (a named error when it is missing or unreadable)."""
-    p = os.path.join(pkg_dir, "manifest.json")
-    try:
-        with open(p) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise KilnError(f"{pkg_dir}: not a readable Kiln package ({p}: {e}); compile it with `kiln compile`") from None
+def read_manifest(pkg_dir) -> Manifest:
+    """A package's typed manifest (a named error when it is missing or unreadable)."""
+    return load_manifest(pkg_dir)
 
 
 def package_graph(pkg_dir):
-    from kiln.frontend import load
     p = os.path.join(pkg_dir, "graph.json")
     if not os.path.exists(p):
         raise KilnError(f"{pkg_dir} has no graph.json: compile it with `kiln compile` to get reference outputs")
@@ -73,12 +67,10 @@ def build_for_board(model, board, out_dir, *, emulate=None, ram_budget=None, sta
     builds its QEMU stand-in instead (the machine with the same core; default:
     :func:`emulate_by_default` for ``port`` / ``lab_map``, i.e. the real image only when there is
     real hardware to run it on)."""
-    from kiln import boards, firmware
     b = boards.load(board) if isinstance(board, str) else board
     if isinstance(model, (str, os.PathLike)) and is_package(os.fspath(model)):
         pkg_dir = os.fspath(model)
-        with open(os.path.join(pkg_dir, "manifest.json")) as f:
-            t = json.load(f)["target"]
+        t = read_manifest(pkg_dir).target
         if t != b.core:
             raise KilnError(f"package {pkg_dir} was compiled for {t}, board {b.name} has a {b.core}: "
                             f"recompile with --target {b.core}")
@@ -99,7 +91,6 @@ def flash_split(image):
     """The image's flash split into the model's share (TFLM's "library + model") and the
     harness's, from its linker map (:func:`kiln.firmware.sizes.flash_split`); None when the
     image has no map or package folder to read."""
-    from kiln.firmware.sizes import image_flash_split
     m = getattr(image, "map", None)
     if m is None or getattr(image, "package_dir", None) is None or not os.path.exists(m):
         return None
@@ -139,26 +130,25 @@ def sample_arrays(man, sample, k=0):
     """One sample as a list of arrays, one per model input, cast to the manifest's dtypes and
     shapes. A single-input model takes an array (or a one-element list); a model with several
     inputs takes a list or tuple with one array per input."""
-    ins = man["inputs"]
+    ins = man.inputs
     if len(ins) == 1 and not (isinstance(sample, (list, tuple)) and len(sample) == 1
                               and isinstance(sample[0], np.ndarray)):
         sample = [sample]
     if not isinstance(sample, (list, tuple)) or len(sample) != len(ins):
         raise KilnError(f"sample {k}: the model takes {len(ins)} inputs "
-                        f"({', '.join(t['name'] for t in ins)}): give a list with one array each")
+                        f"({', '.join(t.name for t in ins)}): give a list with one array each")
     out = []
     for x, t in zip(sample, ins):
         x = np.asarray(x)
-        if x.size != int(np.prod(t["shape"] or [1])):
-            raise KilnError(f"sample {k}, input {t['name']}: {x.size} values, expected shape {t['shape']}")
-        out.append(np.ascontiguousarray(x.astype(t["dtype"]).reshape(t["shape"])))
+        if x.size != int(np.prod(t.shape or [1])):
+            raise KilnError(f"sample {k}, input {t.name}: {x.size} values, expected shape {t.shape}")
+        out.append(np.ascontiguousarray(x.astype(t.dtype).reshape(t.shape)))
     return out
 
 
 def unpack_outputs(man, parts):
     """Output bytes (one buffer per model output) -> one array, or a list of arrays."""
-    outs = [np.frombuffer(b, dtype=t["dtype"]).reshape(t["shape"]).copy()
-            for b, t in zip(parts, man["outputs"])]
+    outs = [np.frombuffer(b, dtype=t.dtype).reshape(t.shape).copy() for b, t in zip(parts, man.outputs)]
     return outs[0] if len(outs) == 1 else outs
 
 
@@ -170,11 +160,17 @@ def same_outputs(a, b):
                                     for x, y in zip(a, b))
 
 
+def io_spec(man: Manifest) -> IOSpec:
+    """What the board must report it runs (INFO): the package's input and output sizes and its
+    number of commands."""
+    return IOSpec(tuple(t.bytes for t in man.inputs), tuple(t.bytes for t in man.outputs), len(man.commands))
+
+
 def invoke_budget(man, board):
     """Seconds an inference may take on ``board`` before the harness gives up: 20 cycles per MAC
     at the clock the firmware runs the core at (Kiln's kernels need 1-10 instructions per MAC)
     plus 10 s."""
-    return 10.0 + 20.0 * man.get("macs", 0) / max(1, board.run_clock_hz)
+    return 10.0 + 20.0 * man.macs / max(1, board.run_clock_hz)
 
 
 def run_on_board(image, pkg_dir, inputs, *, port=None, lab_map=None, progress=None, device_kw=None):
@@ -183,11 +179,9 @@ def run_on_board(image, pkg_dir, inputs, *, port=None, lab_map=None, progress=No
     model, else a list of arrays (one per input); each result likewise per output. Shapes and
     dtypes come from the package's manifest.json. ``progress`` is called after each inference
     with (k, n)."""
-    from kiln.boards.device import IOSpec
-    from kiln.boards.target import open_device
     man = read_manifest(pkg_dir)
     samples = [[x.tobytes() for x in sample_arrays(man, s, k)] for k, s in enumerate(inputs)]
-    kw = {"expect": IOSpec.from_manifest(man), "invoke_timeout": invoke_budget(man, image.board),
+    kw = {"expect": io_spec(man), "invoke_timeout": invoke_budget(man, image.board),
           **(device_kw or {})}
     outs, insns, ticks = [], [], []
     t0 = time.time()
@@ -205,8 +199,8 @@ def run_on_board(image, pkg_dir, inputs, *, port=None, lab_map=None, progress=No
         stack = dev.get_stack()
         stats = dataclasses.asdict(dev.stats)
     profile = []
-    for i, c in enumerate(man["commands"]):
-        profile.append({"name": c["name"], "ops": c.get("ops"), "macs": c.get("macs", 0),
+    for i, c in enumerate(man.commands):
+        profile.append({"name": c.name, "ops": c.ops, "macs": c.macs,
                         "ticks": prof.ticks[i] if prof and i < len(prof.ticks) else None,
                         "instructions": (prof.instructions[i] if prof and prof.instructions
                                          and i < len(prof.instructions) else None)})
@@ -222,7 +216,6 @@ def run_on_board(image, pkg_dir, inputs, *, port=None, lab_map=None, progress=No
 def reference_outputs(graph, inputs):
     """int8 (or float) reference executor outputs, one per sample (an array, or a list of
     arrays for a model with several outputs); a sample is as for :func:`run_on_board`."""
-    from kiln.frontend import run
     types = [graph.types[n] for n in graph.inputs]
     res = []
     for k, sample in enumerate(inputs):
@@ -240,15 +233,13 @@ def fake_board(pkg_dir, **kw):
     """A kiln.boards.fake.FakeBoard serving the compiled package ``pkg_dir`` (its C run on the
     host): a stand-in real board for ``kiln run --port`` and the harness's tests. DWT-style
     ticks (100 cycles + 2 per MAC per command), no instruction counts. kw go to FakeBoard (mode=, seed=, ...)."""
-    from kiln.backends.host import HostModel
-    from kiln.boards.fake import FakeBoard
     man = read_manifest(pkg_dir)
     host = HostModel(pkg_dir)
 
     def model(parts):
-        arrays = [np.frombuffer(b, t["dtype"]).reshape(t["shape"]) for b, t in zip(parts, man["inputs"])]
+        arrays = [np.frombuffer(b, t.dtype).reshape(t.shape) for b, t in zip(parts, man.inputs)]
         return [np.ascontiguousarray(o).tobytes() for o in host.run(*arrays)]
-    kw.setdefault("command_cycles", [100 + 2 * c.get("macs", 0) for c in man["commands"]])
-    kw.setdefault("arena_bytes", man["arena_bytes"])
-    return FakeBoard([t["bytes"] for t in man["inputs"]], [t["bytes"] for t in man["outputs"]],
+    kw.setdefault("command_cycles", [100 + 2 * c.macs for c in man.commands])
+    kw.setdefault("arena_bytes", man.arena_bytes)
+    return FakeBoard([t.bytes for t in man.inputs], [t.bytes for t in man.outputs],
                      model, **kw)

@@ -28,6 +28,7 @@ import zipfile
 import numpy as np
 
 from kiln.frontend.errors import KilnError
+from kiln.frontend.ops.quant import quantize_array
 
 _PAIR = re.compile(r"^(in|out)_(\d+)(?:_(\d+))?$")
 
@@ -124,7 +125,6 @@ def _fit_input(a, t, what):
     if t.dtype in ("int8", "int16", "uint8") and a.dtype.kind == "f":
         if t.quant is None:
             raise SampleError(f"{what}: float data for an integer input without quantisation parameters")
-        from kiln.frontend.ops.quant import quantize_array
         return quantize_array(a, t.quant.scale[0], t.quant.zero_point[0], t.dtype)
     if a.dtype.kind not in "fiub":
         raise SampleError(f"{what}: {a.dtype} data")

@@ -1,18 +1,26 @@
-"""Verification targets, found by name. A target is a function
-``runner(model_path, samples, options: dict) -> list`` (one result per sample) plus a comparison
-rule. A ``multi_io`` runner takes each sample as a tuple of arrays (one per model input) and
-returns a tuple of arrays (one per output); an older single-I/O runner takes and returns one array
-per sample. :func:`run_target` hides the difference. Folders register their own targets when imported:
-quantize/ registers ``reference``, backends/ registers ``host`` (and ``host-llvm``, ``cuda``),
-kiln/board_targets.py registers one target per board
-(boards/ imports nothing of the compiler, so the wiring lives in kiln/). ``kiln verify`` only calls ``get_target``."""
+"""Verification targets, found by name: what ``kiln verify --target`` and ``kiln run --target``
+run a model on. A target is a runner ``runner(model, samples, options: dict) -> list`` (one tuple
+of output arrays per sample, each sample a tuple of input arrays) plus a comparison rule.
+
+They are built here from what the packages export (the packages register nothing):
+``reference``, ``host``, ``host-llvm``, ``cuda`` and ``cuda-plan`` from the one registry of
+backends (kiln.backends.registry), and one target per board from kiln/board_targets.py.
+"""
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import hashlib
+import os
+import tempfile
 from typing import Callable
 
+import numpy as np
+
+from kiln import board_targets
+from kiln.backends import get_backend, is_package
+from kiln.boards import board_names
 from kiln.frontend.errors import KilnError
+from kiln.frontend.loader import load_model
 
 
 @dataclasses.dataclass
@@ -22,35 +30,101 @@ class Target:
     exact: bool = True          # int8 targets compare bit-exactly
     atol: float = 1e-5          # float comparison tolerance when not exact
     description: str = ""
-    multi_io: bool = False      # runner takes/returns tuples of arrays (several inputs/outputs)
+    multi_io: bool = True       # runner takes/returns tuples of arrays (several inputs/outputs)
 
 
-TARGETS: dict[str, Target] = {}
-# modules that register targets when imported (a missing one just means that target is unavailable)
-PROVIDERS = ("kiln.quantize.targets", "kiln.backends.targets", "kiln.backends.targets_server",
-             "kiln.board_targets")
+def _shaped(graph, samples):
+    """Each sample's inputs reshaped to the graph's input shapes."""
+    out = []
+    for xs in samples:
+        if len(xs) != len(graph.inputs):
+            raise KilnError(f"{graph.name}: a sample has {len(xs)} inputs, the model takes {len(graph.inputs)} "
+                            f"({', '.join(graph.inputs)})")
+        out.append([np.asarray(x).reshape(graph.types[i].shape) for x, i in zip(xs, graph.inputs)])
+    return out
 
 
-def register_target(target: Target):
-    TARGETS[target.name] = target
-    return target
+def run_reference(model, samples, options=None):
+    """Kiln's reference executor on every sample: one tuple of outputs per sample."""
+    g = load_model(model)
+    pkg = get_backend("reference").compile(g)
+    return [tuple(pkg.run(*xs)) for xs in _shaped(g, samples)]
 
 
-def _load_providers():
-    for m in PROVIDERS:
-        try:
-            importlib.import_module(m)
-        except ModuleNotFoundError as e:
-            if e.name != m:
-                raise
+def _host_package(model, options):
+    """A package folder (given) or the model compiled for the host: into ``options["out_dir"]``,
+    else a per-model cache folder (keyed by the file's path, size and modification time)."""
+    c = get_backend("c")
+    p = os.fspath(model)
+    if is_package(p):
+        return c.load(p)
+    out = options.get("out_dir")
+    if out is None:
+        st = os.stat(p)
+        key = hashlib.sha1(f"{os.path.abspath(p)}:{st.st_mtime_ns}:{st.st_size}".encode()).hexdigest()[:16]
+        out = os.path.join(tempfile.gettempdir(), f"kiln_host_pkg_{os.getuid()}", key)
+    return c.compile(p, {"target": options.get("c_target", "host"), "out_dir": out, "plot": False,
+                         "measure_size": False})
+
+
+def run_host(model, samples, options):
+    """The C package compiled by the host gcc, run through ctypes."""
+    pkg = _host_package(model, options)
+    m = pkg.host_model()
+    return [tuple(m.run(*xs)) for xs in samples]
+
+
+def run_host_llvm(model, samples, options):
+    g = load_model(model)
+    pkg = get_backend("host-llvm").compile(g)
+    return [tuple(pkg.run(*xs)) for xs in _shaped(g, samples)]
+
+
+def _cuda_package(model, options, interpret):
+    cuda = get_backend("cuda")
+    p = os.fspath(model)
+    if is_package(p):
+        return cuda.load(p, interpret=interpret, capture=options.get("capture", False))
+    return cuda.compile(load_model(p), {"out_dir": options.get("package"), "arch": options.get("arch", "sm_90"),
+                                        "dtype": options.get("dtype", "float32"), "interpret": interpret,
+                                        "capture": options.get("capture", False)})
+
+
+def run_cuda(model, samples, options):
+    pkg = _cuda_package(model, options, interpret=False)
+    return [tuple(pkg.run(*xs)) for xs in samples]
+
+
+def run_cuda_plan(model, samples, options):
+    pkg = _cuda_package(model, options, interpret=True)
+    return [tuple(pkg.run(*xs)) for xs in samples]
+
+
+BACKEND_TARGETS = {t.name: t for t in (
+    Target("reference", run_reference, exact=True, atol=1e-5,
+           description="Kiln's NumPy reference executor (TFLite-exact int8 rules)"),
+    Target("host", run_host, exact=True, atol=1e-5, description="C package compiled by host gcc, run through ctypes"),
+    Target("host-llvm", run_host_llvm, exact=False, atol=1e-5,
+           description="float graph compiled by TVM (LLVM) for this CPU"),
+    Target("cuda", run_cuda, exact=False, atol=1e-4,
+           description="CUDA package (TVM-generated .cu + launch plan) run with CuPy/NVRTC"),
+    Target("cuda-plan", run_cuda_plan, exact=False, atol=1e-5,
+           description="CUDA package's launch plan executed on the CPU (no GPU needed)"),
+)}
+
+
+def target_names() -> list[str]:
+    return list(BACKEND_TARGETS) + board_names()
 
 
 def get_target(name) -> Target:
-    _load_providers()
-    if name not in TARGETS:
-        raise KilnError(f"unknown target {name!r}; available: {', '.join(sorted(TARGETS)) or 'none'} "
-                        f"(boards: see `kiln boards`)")
-    return TARGETS[name]
+    if name in BACKEND_TARGETS:
+        return BACKEND_TARGETS[name]
+    if name in board_names():
+        return Target(name, board_targets.board_runner(name), exact=True,
+                      description=f"firmware on board {name}")
+    raise KilnError(f"unknown target {name!r}; available: {', '.join(sorted(target_names()))} "
+                    f"(boards: see `kiln boards`)")
 
 
 def run_target(target: Target, model, samples, options=None) -> list[tuple]:

@@ -22,6 +22,7 @@ from kiln.frontend.module import Module, Parameter
 from kiln.frontend.registry import get_op
 from kiln.frontend.tensor import constant
 from kiln.frontend.types import QParams
+from kiln.training import fit
 
 from .calibrate import calibrate, qparams_from_range
 from .graph_passes import prepare
@@ -103,7 +104,6 @@ def qat(graph, train, test=None, *, epochs=3, lr=1e-4, per_channel=True, method=
         calibration_size=500, int8_io=False, batch_size=32, seed=0, quiet=True, **fit_overrides) -> QATResult:
     """Quantisation-aware fine-tuning of a float graph on ``train`` (a kiln.training ArrayDataset);
     returns the int8 graph (same form as :func:`ptq`) and the fine-tuned float graph."""
-    from kiln.training import fit
     pg = prepare(graph)
     calib = np.asarray(calibration if calibration is not None else train.x[:calibration_size])
     input_shape = pg.types[pg.inputs[0]].shape

@@ -38,7 +38,8 @@ class TrainConfig:
     max_steps: int | None = None
     eval_batch_size: int = 512
     threads: int | None = None       # BLAS threads during the run (None: leave NumPy's default)
-    backend: str = "numpy"           # numpy (reference executor) | tvm (TVM llvm, host) | cuda (TVM CUDA package)
+    backend: str = "numpy"           # "numpy" (reference executor) or a step compiler: kiln.step_compiler(
+                                     # "host-llvm" | "cuda"); fit() records the compiler's name here
     divergence_factor: float | None = 1e3  # stop when a step's loss exceeds this times its running minimum
 
     def __post_init__(self):

@@ -40,7 +40,7 @@ from .monitor import (DivergenceMonitor, MetricsLog, Progress, TrainingDiverged,
                       global_norm, layer_norms, progress_enabled, squared_norms)
 from .optim import make_optimizer
 from .schedule import Schedule
-from .step import EvalGraph, GraphCache, StepGraph
+from .step import REFERENCE, EvalGraph, GraphCache, StepGraph, resolve_backend
 
 
 @dataclasses.dataclass
@@ -167,13 +167,18 @@ def fit(model: Module, train: ArrayDataset, test: ArrayDataset | None = None, *,
     keyword overrides. With ``out`` (a folder) it writes ``checkpoint.npz``, ``metrics.jsonl`` and,
     at the end, the trained eval-mode graph ``model.json``/``model.npz`` (``kiln.frontend.load``
     reads it); ``resume=True`` continues from ``out/checkpoint.npz``. A folder that already holds
-    a run is refused (UsageError) unless ``resume`` or ``force`` (which deletes the old run's files)."""
+    a run is refused (UsageError) unless ``resume`` or ``force`` (which deletes the old run's files).
+    ``backend``: "numpy" (the reference executor) or a step compiler (``kiln.step_compiler(name)``);
+    the run's configuration records its name."""
     cfg = dataclasses.replace(config or TrainConfig(), **overrides)
+    compiler = resolve_backend(cfg.backend)
+    cfg = dataclasses.replace(cfg, backend=compiler.name if compiler is not None else REFERENCE)
+    args = (model, train, test, input_shape, cfg, out, resume, force, quiet, model_name, compiler)
     if cfg.threads:
         from threadpoolctl import threadpool_limits
         with threadpool_limits(limits=int(cfg.threads), user_api="blas"):
-            return _fit(model, train, test, input_shape, cfg, out, resume, force, quiet, model_name)
-    return _fit(model, train, test, input_shape, cfg, out, resume, force, quiet, model_name)
+            return _fit(*args)
+    return _fit(*args)
 
 
 def existing_run(out):
@@ -215,7 +220,7 @@ def _check_data(train, test, sample, kind, cfg):
         ds.check_finite()
 
 
-def _fit(model, train, test, input_shape, cfg, out, resume, force, quiet, model_name):
+def _fit(model, train, test, input_shape, cfg, out, resume, force, quiet, model_name, compiler):
     model_name = model_name or type(model).__name__
     _, kind = get_loss(cfg.loss)
     sample = tuple(input_shape[1:]) if input_shape else tuple(train.x.shape[1:])
@@ -248,10 +253,11 @@ def _fit(model, train, test, input_shape, cfg, out, resume, force, quiet, model_
     run.ckpt = ckpt.Checkpointer(ck_path)
     run.ckpt.written_step = run.step if resume else None
 
+    backend = compiler or REFERENCE
     steps = GraphCache(lambda b: StepGraph(model, cfg.loss, sample, b, tshape, cfg.label_smoothing, dtype,
-                                           backend=cfg.backend))
+                                           backend=backend))
     evals = GraphCache(lambda b: EvalGraph(model, sample, b, loss=cfg.loss, target_shape=tshape, dtype=dtype,
-                                           backend=cfg.backend))
+                                           backend=backend))
     _train(run, steps, evals, test, kind, log, quiet, model_name)
     if ck_path:
         run.ckpt.take(*run.pack(model_name))

@@ -11,8 +11,15 @@ order) and BatchNorm running statistics come back as buffer updates (``graph.upd
 Parameters and buffers are not baked in: each call passes the current arrays by name
 (``run(..., params=...)``), so one traced graph serves the whole run. Graphs are cached per
 batch size (a final partial batch gets its own). ``EvalGraph`` is the same for inference.
+
+Who runs the graphs: ``backend="numpy"`` is Kiln's reference executor. A compiled step comes
+from a :class:`StepCompiler` given as ``backend``; training imports no compiler itself
+(``kiln.step_compiler("host-llvm")`` or ``("cuda")`` makes one from Kiln's backends, and
+``kiln train --backend NAME`` does the same).
 """
 from __future__ import annotations
+
+from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -62,11 +69,49 @@ def _float_dtype(model):
     return ps[0].dtype if ps else "float32"
 
 
+@runtime_checkable
+class StepCompiler(Protocol):
+    """What training needs from a compiler: ``compile_step(graph)`` returns
+    ``run(feeds, params) -> (outputs, {buffer: new value})`` for a training-step graph (forward,
+    loss, backward, buffer updates); ``compile_eval(graph)`` returns ``run(feeds, params) ->
+    outputs`` for an evaluation graph. ``name`` is recorded in the run's configuration."""
+    name: str
+
+    def compile_step(self, graph) -> Callable: ...
+
+    def compile_eval(self, graph) -> Callable: ...
+
+
+REFERENCE = "numpy"   # the one backend training runs by itself: the reference executor
+
+
+def resolve_backend(backend):
+    """``backend`` as training runs it: None for the reference executor ("numpy" or None), or the
+    StepCompiler given. Any other string is an error saying what to pass."""
+    if backend is None or backend == REFERENCE:
+        return None
+    if isinstance(backend, StepCompiler):
+        return backend
+    if isinstance(backend, str):
+        raise UsageError(f"unknown training backend {backend!r}: training runs 'numpy' (the reference executor) by "
+                         f"itself; for a compiled step pass a step compiler, e.g. "
+                         f"backend=kiln.step_compiler('host-llvm') or kiln.step_compiler('cuda') (what "
+                         f"`kiln train --backend NAME` uses)")
+    raise UsageError(f"training backend must be 'numpy' or a step compiler (kiln.step_compiler(name)), got "
+                     f"{type(backend).__name__}")
+
+
+def backend_name(backend) -> str:
+    """The name a run records for ``backend`` ("numpy" or the step compiler's name)."""
+    compiler = resolve_backend(backend)
+    return REFERENCE if compiler is None else compiler.name
+
+
 class StepGraph:
     def __init__(self, model: Module, loss="cross_entropy", sample_shape=(), batch=32, target_shape=None,
-                 label_smoothing=0.0, dtype=None, backend="numpy"):
+                 label_smoothing=0.0, dtype=None, backend=REFERENCE):
         fn, kind = get_loss(loss)
-        self.backend = _check_backend(backend)
+        self.compiler = resolve_backend(backend)
         self._compiled = None
         self.loss_name, self.target_kind = loss, kind
         self.dtype = np.dtype(dtype or _float_dtype(model)).name
@@ -99,13 +144,9 @@ class StepGraph:
     def __call__(self, params: dict, buffers: dict, x, y=None, dropout_key=None, check=False):
         """Run one step: returns (loss float, prediction, {param: grad}, {buffer: new value})."""
         feeds, ps = self.feeds(x, y, dropout_key), {**params, **buffers}
-        if self.backend == "tvm" and not check:   # check mode (NaN diagnosis) always uses the reference
-            self._compiled = self._compiled or _compile_host(self.graph, with_updates=True)
-            outs, upd = self._compiled.run_updates(feeds=feeds, params=ps)
-        elif self.backend == "cuda" and not check:
-            self._compiled = self._compiled or _compile_cuda(self.graph)
-            self._compiled.set_params({k: v for k, v in ps.items() if k in self._compiled.weight_names})
-            outs, upd = self._compiled.run_updates(*[feeds[i] for i in self.graph.inputs])
+        if self.compiler is not None and not check:   # check mode (NaN diagnosis) always uses the reference
+            self._compiled = self._compiled or self.compiler.compile_step(self.graph)
+            outs, upd = self._compiled(feeds, ps)
         else:
             outs, upd = executor.run_updates(self.graph, feeds=feeds, params=ps, check=check)
         loss, pred = outs[0], outs[1]
@@ -118,9 +159,9 @@ class EvalGraph:
     outputs ``[loss, prediction]``; the targets input is as in :class:`StepGraph`."""
 
     def __init__(self, model: Module, sample_shape, batch, loss="cross_entropy", target_shape=None, dtype=None,
-                 backend="numpy"):
+                 backend=REFERENCE):
         fn, kind = get_loss(loss)
-        self.backend = _check_backend(backend)
+        self.compiler = resolve_backend(backend)
         self._compiled = None
         self.dtype = np.dtype(dtype or _float_dtype(model))
         self.target_kind = kind
@@ -138,42 +179,12 @@ class EvalGraph:
         feeds = {"x": x}
         if self.target_input is not None:
             feeds[self.target_input] = y
-        if self.backend in ("tvm", "cuda"):   # evaluation on the host either way
-            self._compiled = self._compiled or _compile_host(self.graph)
-            loss, pred = self._compiled(feeds=feeds, params={**params, **buffers})
+        if self.compiler is not None:
+            self._compiled = self._compiled or self.compiler.compile_eval(self.graph)
+            loss, pred = self._compiled(feeds, {**params, **buffers})
         else:
             loss, pred = executor.run(self.graph, feeds=feeds, params={**params, **buffers})
         return float(loss), pred
-
-
-BACKENDS = ("numpy", "tvm", "cuda")
-
-
-def _check_backend(name):
-    if name not in BACKENDS:
-        raise UsageError(f"unknown training backend {name!r}: use 'numpy' (the reference executor), 'tvm' "
-                         f"(the step graph compiled for the host CPU with TVM's llvm target) or 'cuda'")
-    if name == "cuda":
-        from kiln.backends.cuda_runner import probe
-        probe()     # no CuPy / no GPU / too old a GPU: a CudaUnavailable error naming what was found
-    return name
-
-
-def _compile_cuda(graph):
-    """The training step as a CUDA package (forward + loss + backward + BatchNorm updates), run by
-    the CuPy runner; the optimiser update stays on the host."""
-    import tempfile
-    from kiln.backends import cuda
-    from kiln.backends.cuda_runner import CudaRunner
-    pkg = cuda.compile_train_step(graph, tempfile.mkdtemp(prefix="kiln_cuda_step_"))
-    runner = CudaRunner(pkg)
-    runner.weight_names = {w["name"] for w in runner.m["weights"]}
-    return runner
-
-
-def _compile_host(graph, with_updates=False):
-    from kiln.backends import llvm_host
-    return llvm_host.compile(graph, with_updates=with_updates)
 
 
 class GraphCache:

@@ -5,17 +5,17 @@ to TensorFlow Lite Micro's measured numbers on the Cortex-M4. Prints a table (or
 its section of docs/benchmarks.md (or another Markdown file) only with --write."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
 import numpy as np
 
+from kiln import hil
 from kiln.commands import BuildFolder
 from kiln.docs_util import add_shared_argument, add_write_argument, shared_models, write_path, write_section
 from kiln.errors import UsageError
-from kiln.quantize.targets import run_reference
+from kiln.targets import run_reference
 from kiln.samples import random_inputs
 
 SECTION = "## Boards (kiln bench)"
@@ -56,7 +56,6 @@ def _models(args):
 
 
 def bench_one(model, board, tmp, optimize="size"):
-    from kiln import hil
     name = os.path.splitext(os.path.basename(model))[0]
     out = os.path.join(tmp, f"{name}_{board}_{optimize}")
     t0 = time.time()
@@ -66,15 +65,14 @@ def bench_one(model, board, tmp, optimize="size"):
     ref = run_reference(graph, [sample])[0]
     res = hil.run_on_board(image, pkg_dir, [sample if len(sample) > 1 else sample[0]])
     got = res.outputs[0] if isinstance(res.outputs[0], (list, tuple)) else (res.outputs[0],)
-    with open(os.path.join(pkg_dir, "manifest.json")) as f:
-        man = json.load(f)
+    man = hil.read_manifest(pkg_dir)
     ins = res.instructions[0]
-    return {"model": name, "board": board, "core": man["target"], "optimize": optimize,
+    return {"model": name, "board": board, "core": man.target, "optimize": optimize,
             "bit_exact": len(got) == len(ref) and all(np.array_equal(np.asarray(a).reshape(-1), np.asarray(b).reshape(-1))
                                                       for a, b in zip(got, ref)),
-            "instructions": ins, "instruction_source": res.instruction_source, "macs": man["macs"],
-            "macs_per_instruction": round(man["macs"] / ins, 4) if ins else None,
-            "arena_bytes": man["arena_bytes"], "stack_bytes": res.stack_used,
+            "instructions": ins, "instruction_source": res.instruction_source, "macs": man.macs,
+            "macs_per_instruction": round(man.macs / ins, 4) if ins else None,
+            "arena_bytes": man.arena_bytes, "stack_bytes": res.stack_used,
             "flash_bytes": res.sizes.get("flash_used"), "model_flash_bytes": res.sizes.get("model_flash_bytes"),
             "harness_flash_bytes": res.sizes.get("harness_flash_bytes"),
             "flash_breakdown": res.sizes.get("flash_breakdown"), "text": res.sizes.get("text"),

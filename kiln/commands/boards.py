@@ -1,6 +1,8 @@
 """kiln boards: list the boards Kiln knows (one data file each in boards/)."""
 from __future__ import annotations
 
+from kiln import boards
+
 
 def add_arguments(p):
     p.add_argument("name", nargs="?", help="show one board in full")
@@ -20,7 +22,6 @@ def _kb(n):
 
 
 def run(args):
-    from kiln import boards
     bs = [boards.load(args.name)] if args.name else boards.all_boards()
     rows = [_row(b) for b in bs]
     head = f"{'board':18} {'kind':9} {'core':14} {'fpu':4} {'dsp':4} {'clock':>8} {'flash':>8} {'RAM':>8}  {'flash with':11} qemu machine"

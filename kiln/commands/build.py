@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from kiln import hil
 from kiln.commands import add_optimize_argument, positive_int
 from kiln.frontend.files import ensure_output_dir
 
@@ -19,7 +20,6 @@ def add_arguments(p):
 
 
 def run(args):
-    from kiln import hil
     out = ensure_output_dir(args.out or os.path.join("build", args.board), "output folder (-o)")
     # a real board's image by default; --emulate: its QEMU stand-in (same core and memory sizes)
     image, pkg_dir = hil.build_for_board(args.model, args.board, out, emulate=args.emulate,

@@ -1,10 +1,16 @@
 """kiln compile MODEL --target T -o DIR: compile a model to a self-contained C package (Cortex-M or
-host), or with --target cuda to a CUDA package (.cu sources, launch plan, weights blob, manifest)."""
+host), or with --target cuda to a CUDA package (.cu sources, launch plan, weights blob, manifest).
+The backend comes from the one registry (kiln.backends): a C target is the ``c`` backend."""
 from __future__ import annotations
 
-from kiln.backends.cpus import TARGETS
+import os
+import time
+
+from kiln import hil
+from kiln.backends import TARGETS, get_backend
+from kiln.backends.manifest import FILE
 from kiln.commands import add_optimize_argument
-from kiln.frontend import load_model
+from kiln.frontend import load_model, save
 from kiln.frontend.files import staged_dir
 
 
@@ -25,18 +31,16 @@ def add_arguments(p):
 def run(args):
     if args.target == "cuda":
         return _run_cuda(args)
-    from kiln import hil
     pkg = hil.compile_model(args.model, args.target, args.out, ram_budget=args.ram_budget, plot=not args.no_plot,
                             optimize=args.optimize)
     m = pkg.manifest
-    sizes = m.get("sizes") or {}
-    rep = {"model": m["model"], "target": m["target"], "optimize": m.get("optimize"), "package": pkg.path, "commands": len(m["commands"]),
-           "kernels": len(m["kernels"]), "arena_bytes": m["arena_bytes"], "weight_bytes": m["weight_bytes"],
-           "code_bytes": sizes.get("code_bytes"), "macs": m["macs"], "planner": m["planner"],
-           "compile_seconds": m["compile_seconds"]}
-    lines = [f"compiled {m['model']} for {m['target']} (--optimize {m.get('optimize')}) -> {pkg.path}",
+    rep = {"model": m.model, "target": m.target, "optimize": m.optimize, "package": pkg.path,
+           "commands": len(m.commands), "kernels": len(m.kernels), "arena_bytes": m.arena_bytes,
+           "weight_bytes": m.weight_bytes, "code_bytes": m.sizes.get("code_bytes"), "macs": m.macs,
+           "planner": m.planner, "compile_seconds": m.compile_seconds}
+    lines = [f"compiled {m.model} for {m.target} (--optimize {m.optimize}) -> {pkg.path}",
              f"  commands      {rep['commands']} ({rep['kernels']} distinct kernels)",
-             f"  arena         {rep['arena_bytes']:,} B (planner: {m['planner']})",
+             f"  arena         {rep['arena_bytes']:,} B (planner: {m.planner})",
              f"  weights       {rep['weight_bytes']:,} B",
              f"  code          {rep['code_bytes']:,} B (arm-none-eabi-gcc -O2 .text)" if rep["code_bytes"] is not None
              else "  code          n/a (host target)",
@@ -47,21 +51,14 @@ def run(args):
 
 
 def _run_cuda(args):
-    import json
-    import os
-    import time
-    from kiln.backends import cuda
-    from kiln.frontend import save
     t0 = time.time()
     graph = load_model(args.model)
-    with staged_dir(args.out, "package folder", last="manifest.json") as tmp:   # all of it or nothing
-        cuda.compile(graph, tmp, arch=args.arch, dtype=args.dtype)
+    with staged_dir(args.out, "package folder", last=FILE) as tmp:   # all of it or nothing
+        m = get_backend("cuda").compile(graph, {"out_dir": tmp, "arch": args.arch, "dtype": args.dtype}).manifest
         save(graph, os.path.join(tmp, "graph.json"))
-        with open(os.path.join(tmp, "manifest.json")) as f:
-            m = json.load(f)
     rep = {"model": graph.name, "target": "cuda", "arch": args.arch, "dtype": args.dtype, "package": args.out,
-           "launches": m["launches"], "kernels": len(m["kernels"]), "arena_bytes": m["arena_bytes"],
-           "weight_bytes": m["weights_bytes"], "compile_seconds": round(time.time() - t0, 2)}
+           "launches": m.launches, "kernels": len(m.kernels), "arena_bytes": m.arena_bytes,
+           "weight_bytes": m.weights_bytes, "compile_seconds": round(time.time() - t0, 2)}
     rep["text"] = (f"compiled {graph.name} for cuda ({args.arch}, {args.dtype}) -> {args.out}\n"
                    f"  {rep['launches']} launches of {rep['kernels']} kernels, arena {rep['arena_bytes']} B, weights {rep['weight_bytes']} B, "
                    f"{rep['compile_seconds']} s")

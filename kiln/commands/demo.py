@@ -13,7 +13,13 @@ import time
 
 import numpy as np
 
-from kiln.report import stage_times
+from kiln import hil
+from kiln.docs_util import write_section
+from kiln.frontend import save
+from kiln.quantize import ptq
+from kiln.report import stage_times, write_demo_report
+from kiln.training import train_digits
+from kiln.training.data import digits
 
 
 def add_arguments(p):
@@ -60,12 +66,6 @@ def _argmax(ys):
 
 
 def run(args):
-    from kiln import hil
-    from kiln.frontend import save
-    from kiln.quantize import ptq
-    from kiln.training import train_digits
-    from kiln.training.data import digits
-
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     stage = _Stage(args.quiet or args.json)
@@ -110,7 +110,7 @@ def run(args):
     rep["board_images"] = n
     rep["board_bit_exact"] = not mism
     rep["board_mismatches"] = mism[:20]
-    macs = int(pkg.manifest["macs"])
+    macs = int(pkg.manifest.macs)
     insn = [i for i in br.instructions if i is not None]
     rep["latency"] = {
         "instructions_per_inference": int(insn[0]) if insn else None,
@@ -120,19 +120,17 @@ def run(args):
         "macs_per_instruction": round(macs / insn[0], 4) if insn else None,
         "per_layer": br.profile,
     }
-    rep["memory"] = {"arena_bytes": pkg.manifest["arena_bytes"], "stack_used_bytes": br.stack_used,
-                     "stack_size_bytes": br.stack_size, "weight_bytes": pkg.manifest["weight_bytes"],
+    rep["memory"] = {"arena_bytes": pkg.manifest.arena_bytes, "stack_used_bytes": br.stack_used,
+                     "stack_size_bytes": br.stack_size, "weight_bytes": pkg.manifest.weight_bytes,
                      "flash_bytes": br.sizes.get("flash_used"), "ram_bytes": br.sizes.get("ram_used"),
                      "text": br.sizes.get("text"), "rodata": br.sizes.get("rodata"), "data": br.sizes.get("data"),
                      "bss": br.sizes.get("bss")}
     rep["stage_seconds"] = stage.times
     rep["total_seconds"] = round(time.time() - stage.t0, 1)
     rep["ok"] = bool(host_exact and not mism)
-    from kiln.report import write_demo_report
     rep["report"] = write_demo_report(rep, out, os.path.join(pkg.path, "memory.png"))
     rep["text"] = _table(rep)
     if args.markdown:
-        from kiln.docs_util import write_section
         write_section(args.markdown, _markdown_section(rep))
     return rep
 

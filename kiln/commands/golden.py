@@ -9,6 +9,9 @@ import numpy as np
 
 from kiln.frontend import load_model
 from kiln.frontend.errors import KilnError
+from kiln.litert import run_litert
+from kiln.samples import golden_arrays, load_samples, random_inputs
+from kiln.targets import run_reference
 
 ORACLES = ("auto", "litert", "reference")
 
@@ -29,15 +32,12 @@ def add_arguments(p):
 
 def golden(model, out, samples, oracle="auto"):
     """Write golden pairs for ``samples`` (tuples of input arrays) to ``out``; returns the oracle used."""
-    from kiln.samples import golden_arrays
-    from kiln.quantize.targets import run_reference
     is_tflite = os.fspath(model).endswith(".tflite")
     if oracle == "auto":
         oracle = "litert" if is_tflite else "reference"
     if oracle == "litert":
         if not is_tflite:
             raise KilnError(f"{model}: --oracle litert needs a .tflite model")
-        from kiln.litert import run_litert
         outs = run_litert(model, samples)
     else:
         outs = run_reference(load_model(model), samples)
@@ -51,7 +51,6 @@ def golden(model, out, samples, oracle="auto"):
 
 
 def run(args):
-    from kiln.samples import load_samples, random_inputs
     if args.inputs < 1:
         raise KilnError(f"--inputs must be at least 1, got {args.inputs}")
     g = load_model(args.model)

@@ -3,6 +3,7 @@ bytes and peak activation bytes (inputs and node outputs live from definition to
 graph order; weights are not counted)."""
 from __future__ import annotations
 
+from kiln.frontend import load_model
 from kiln.frontend.errors import KilnError
 from kiln.frontend.registry import get_op
 
@@ -84,7 +85,6 @@ def _text(s, tensors):
 
 
 def run(args):
-    from kiln.frontend import load_model
     g = load_model(args.model)
     if g is None:
         raise KilnError(f"{args.model}: could not load")

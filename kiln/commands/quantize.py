@@ -17,8 +17,13 @@ import time
 
 import numpy as np
 
-from kiln.frontend import load_model
+from kiln import quantize as Q
+from kiln.frontend import load_model, run as run_graph, save
 from kiln.frontend.errors import KilnError
+from kiln.quantize.graph_passes import with_batch
+from kiln.frontend.ops.quant import quantize_array
+from kiln.samples import read_npz
+from kiln.training import digits, load_npz
 
 
 def add_arguments(p):
@@ -70,14 +75,12 @@ def _targets(arrs, graph, split):
 def load_data(spec, graph):
     """(calibration arrays, evaluation arrays, evaluation targets or None, description)."""
     if spec == "digits":
-        from kiln.training import digits
         if len(graph.inputs) != 1:
             raise KilnError("--data digits feeds one input; this model has several")
         train, test = digits()
         return [train.x], [test.x], [test.y], "digits (scikit-learn 8x8 digits, test split)"
     if not spec.endswith(".npz"):
         raise KilnError(f"--data must be 'digits' or an .npz file, got {spec!r}")
-    from kiln.samples import read_npz
     arrs = read_npz(spec)
     train = _split_arrays(arrs, graph, "train", spec)
     test = _split_arrays(arrs, graph, "test", spec)
@@ -97,9 +100,6 @@ def load_data(spec, graph):
 def outputs(graph, arrays, batch=256):
     """The graph's outputs on [N, ...] arrays (one per input), as float arrays [N, ...] per output
     (int8 outputs dequantised; float inputs quantised for int8 inputs)."""
-    from kiln.frontend import run
-    from kiln.quantize.graph_passes import with_batch
-    from kiln.frontend.ops.quant import quantize_array
     n = len(arrays[0])
     res = [[] for _ in graph.outputs]
     for i in range(0, n, batch):
@@ -109,7 +109,7 @@ def outputs(graph, arrays, batch=256):
             if t.dtype == "int8" and xb.dtype.kind == "f":
                 xb = quantize_array(xb, t.quant.scale[0], t.quant.zero_point[0])
             xs.append(xb.astype(t.dtype, copy=False).reshape((len(xb),) + tuple(t.shape[1:])))
-        outs = run(with_batch(graph, len(xs[0])), *xs)
+        outs = run_graph(with_batch(graph, len(xs[0])), *xs)
         for k, (o, name) in enumerate(zip(outs, graph.outputs)):
             t = graph.types[name]
             if t.quant is not None and np.asarray(o).dtype.kind in "iu":
@@ -176,8 +176,6 @@ def _load_float(path):
 
 
 def run(args):
-    from kiln import quantize as Q
-    from kiln.frontend import save
     if args.calibration_size < 1:
         raise KilnError(f"--calibration-size must be at least 1, got {args.calibration_size}")
     g = _load_float(args.model)
@@ -206,7 +204,6 @@ def run(args):
 
 
 def _qat(Q, g, args, calib):
-    from kiln.training import digits, load_npz
     train, test = digits() if args.data == "digits" else load_npz(args.data)
     if test is None or train.y is None or train.y.dtype.kind not in "iu":
         raise KilnError("--qat fine-tunes a classifier: the data needs x_train/y_train (integer labels) and "

@@ -4,7 +4,11 @@ within a tolerance for float ones) and, for a .tflite model, against LiteRT's re
 Reports latency (exact instructions per layer and in total under QEMU, cycles and milliseconds at
 the running core clock on real hardware) and memory. With --data, every sample of a data file
 runs on the board and the accuracy (labels) or error (expected outputs) is reported for the float
-model, the int8 reference, the C package on the host and the board."""
+model, the int8 reference, the C package on the host and the board.
+
+kiln run MODEL --target T runs the model on a backend instead (reference, host, host-llvm, cuda,
+cuda-plan: the targets of kiln/targets.py, from the one registry of backends) and compares it
+with Kiln's reference executor."""
 from __future__ import annotations
 
 import os
@@ -13,9 +17,15 @@ import tempfile
 
 import numpy as np
 
-from kiln.commands import add_optimize_argument
+from kiln import boards, hil
+from kiln.backends import host_model, is_package
+from kiln.boards.labmap import load_lab_map
+from kiln.commands import BuildFolder, add_optimize_argument
 from kiln.frontend import load_model
 from kiln.frontend.errors import KilnError
+from kiln.litert import run_litert
+from kiln.samples import Samples, load_samples, random_inputs
+from kiln.targets import BACKEND_TARGETS, get_target, run_reference, run_target
 
 # float outputs of a board vs the NumPy reference: same float32 operations in a different order
 FLOAT_RTOL, FLOAT_ATOL = 1e-4, 1e-5
@@ -25,7 +35,8 @@ def add_arguments(p):
     p.add_argument("model", help=".tflite, Kiln graph .json, or a compiled package folder")
     add_optimize_argument(p)
     p.add_argument("--board", default=None, help="board name (see `kiln boards`)")
-    p.add_argument("--target", default=None, help="'cuda' to run a CUDA package on the GPU instead of a board")
+    p.add_argument("--target", default=None, help="run on a backend instead of a board: "
+                   + " | ".join(BACKEND_TARGETS) + " (compared with Kiln's reference executor)")
     p.add_argument("--inputs", type=int, default=4, help="number of seeded random inputs (default: 4)")
     p.add_argument("--golden", default=None, help="use the inputs of a golden .npz (see `kiln golden`)")
     p.add_argument("--data", default=None, help="samples .npz with inputs and labels or expected outputs: "
@@ -43,7 +54,6 @@ def add_arguments(p):
 
 # ---- samples -----------------------------------------------------------------------------------
 def _samples(graph, args):
-    from kiln.samples import load_samples, random_inputs
     if args.data and args.golden:
         raise KilnError("give --data or --golden, not both")
     if args.data or args.golden:
@@ -53,7 +63,6 @@ def _samples(graph, args):
         return s
     if args.inputs < 1:
         raise KilnError(f"--inputs must be at least 1, got {args.inputs}")
-    from kiln.samples import Samples
     return Samples(random_inputs(graph, args.inputs, args.seed), None, "inputs",
                    f"{args.inputs} random inputs (seed {args.seed})")
 
@@ -136,16 +145,13 @@ def _float_model(graph, args):
 
 def _data_report(graph, pkg_dir, samples, board_outs, ref_outs, args):
     """accuracy / error per stage for --data: float model, int8 reference, host C, board."""
-    from kiln.backends.host import HostModel
-    from kiln.quantize.targets import run_reference
-    from kiln.samples import load_samples
     rows = {}
     fg = _float_model(graph, args)
     if fg is not None and fg is not graph:
         fs = load_samples(args.data or args.golden, fg, limit=args.limit)
         rows["float (host)"] = metrics(run_reference(fg, fs.inputs), fs)
     rows["reference (host)"] = metrics(ref_outs, samples)
-    host = HostModel(pkg_dir)
+    host = host_model(pkg_dir)
     rows["C package (host)"] = metrics([tuple(host.run(*xs)) for xs in samples.inputs], samples)
     rows[f"board ({args.board})"] = metrics(board_outs, samples)
     return rows
@@ -153,20 +159,17 @@ def _data_report(graph, pkg_dir, samples, board_outs, ref_outs, args):
 
 # ---- the command ------------------------------------------------------------------------------
 def run(args):
-    if args.target == "cuda":
-        return _run_cuda(args)
+    if args.target in BACKEND_TARGETS:
+        return _run_target(args)
     if args.target is not None:
-        raise KilnError(f"--target {args.target!r}: kiln run takes --board B, or --target cuda")
+        raise KilnError(f"--target {args.target!r}: kiln run takes --board B, or --target "
+                        f"{'|'.join(BACKEND_TARGETS)}")
     if not args.board:
-        raise KilnError("kiln run needs --board B (see `kiln boards`) or --target cuda")
+        raise KilnError(f"kiln run needs --board B (see `kiln boards`) or --target {'|'.join(BACKEND_TARGETS)}")
     if args.limit is not None and args.limit < 1:
         raise KilnError(f"--limit must be at least 1, got {args.limit}")
-    from kiln import boards
     board = boards.load(args.board)
-    lab_map = None
-    if args.lab_map:
-        from kiln.boards.labmap import load_lab_map
-        lab_map = load_lab_map(args.lab_map)
+    lab_map = load_lab_map(args.lab_map) if args.lab_map else None
     temp = args.out is None
     out = args.out or tempfile.mkdtemp(prefix=f"kiln_run_{args.board}_")
     try:
@@ -180,8 +183,6 @@ def run(args):
 
 
 def _run_on(board, args, out, lab_map):
-    from kiln import hil
-    from kiln.quantize.targets import run_reference
     image, pkg_dir = hil.build_for_board(args.model, board, out, optimize=args.optimize, port=args.port,
                                          lab_map=lab_map)
     graph = hil.package_graph(pkg_dir)
@@ -193,7 +194,6 @@ def _run_on(board, args, out, lab_map):
     checks = [check("Kiln's reference executor", board_outs, ref_outs)]
     src = _tflite_source(args.model, pkg_dir)
     if src is not None:
-        from kiln.litert import run_litert
         checks.append(check("LiteRT's reference kernels (BUILTIN_REF)", board_outs, run_litert(src, samples.inputs)))
     man = hil.read_manifest(pkg_dir)
     ins = next((n for n in res.instructions if n), None)
@@ -204,7 +204,7 @@ def _run_on(board, args, out, lab_map):
            "checks": checks, "compared_against": [c["against"] for c in checks],
            "mismatched_inputs": sorted({k for c in checks for k in c["mismatched_samples"]}),
            "instructions_per_inference": ins, "instruction_source": res.instruction_source,
-           "macs": man["macs"], "macs_per_instruction": round(man["macs"] / ins, 4) if ins else None,
+           "macs": man.macs, "macs_per_instruction": round(man.macs / ins, 4) if ins else None,
            "timing": _timing(res, board, real), "per_layer": res.profile,
            "memory": _memory(res), "link_stats": res.stats}
     if samples.targets is not None:
@@ -279,14 +279,24 @@ def _table(rep):
     return "\n".join(lines)
 
 
-def _run_cuda(args):
-    from kiln import hil
-    from kiln.backends import cuda_runner
-    from kiln.quantize.targets import run_reference
-    graph = hil.package_graph(args.model) if hil.is_package(args.model) else load_model(args.model)
+def _run_target(args):
+    """--target T: the samples through a backend target, compared with the reference executor:
+    bit for bit for integer outputs of an exact target, within the target's tolerance otherwise."""
+    t = get_target(args.target)
+    graph = hil.package_graph(args.model) if is_package(args.model) else load_model(args.model)
     samples = _samples(graph, args)
-    outs = cuda_runner.run_package(args.model, [s[0] for s in samples.inputs], capture=True)
+    with BuildFolder(args.out, args.keep, f"kiln_run_{args.target}_") as build:
+        options = {"out": build.path, "out_dir": os.path.join(build.path, "host_package"),
+                   "package": os.path.join(build.path, "cuda_package"), "capture": True}
+        outs = run_target(t, args.model, samples.inputs, options)
     ref = run_reference(graph, samples.inputs)
-    err = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b[0])))) for a, b in zip(outs, ref))
-    return {"ok": err <= 1e-4, "target": "cuda", "samples": len(samples), "max_abs_err": err,
-            "text": f"{len(samples)} samples on cuda: max |err| vs NumPy reference {err:.3g}"}
+    err, ok = 0.0, True
+    for got, want in zip(outs, ref):
+        for a, b in zip(got, want):
+            d = np.abs(np.asarray(a, np.float64).reshape(-1) - np.asarray(b, np.float64).reshape(-1))
+            err = max(err, float(d.max(initial=0.0)))
+            ok &= bool((d == 0).all()) if t.exact and np.asarray(b).dtype.kind in "iu" else bool((d <= t.atol).all())
+    rule = "bit-exact (integer outputs)" if t.exact else f"within atol {t.atol:g}"
+    return {"ok": ok and len(outs) == len(ref), "target": args.target, "samples": len(samples), "max_abs_err": err,
+            "comparison": rule, "build": build.kept,
+            "text": f"{len(samples)} samples on {args.target}: max |err| vs NumPy reference {err:.3g} ({rule})"}

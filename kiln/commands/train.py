@@ -18,10 +18,13 @@ import sys
 
 from kiln.frontend.errors import KilnError, UsageError
 from kiln.frontend.files import atomic_write
-from kiln.training import zoo
+from kiln.frontend.module import manual_seed
+from kiln.training import data, fit, zoo
 from kiln.training.config import TrainConfig, check_value
 from kiln.training.demo import DIGITS_RECIPE
 from kiln.training.loop import existing_run
+from kiln.training.losses import get_loss
+from kiln.training_backends import DEPRECATED, step_compiler
 
 # the recipe of every model but digits-cnn (which uses DIGITS_RECIPE)
 ZOO_RECIPE = TrainConfig(epochs=10, batch_size=64)
@@ -46,7 +49,8 @@ OPTIONS = [  # (flag, TrainConfig field, type, help)
     ("--checkpoint-every", "checkpoint_every", int, "also checkpoint every N optimiser steps"),
     ("--max-steps", "max_steps", int, "stop after N optimiser steps"),
     ("--threads", "threads", int, "BLAS threads"),
-    ("--backend", "backend", str, "numpy (reference executor) | tvm (step compiled with TVM for the host CPU) | cuda"),
+    ("--backend", "backend", str, "numpy (reference executor) | host-llvm (step compiled with TVM for the host CPU; "
+     "'tvm' is its old name) | cuda (step as a CUDA package on the GPU)"),
     ("--divergence-factor", "divergence_factor", float,
      "stop (exit 1) when a step's loss exceeds this many times its running minimum; NaN/Inf always stop"),
 ]
@@ -86,13 +90,11 @@ def add_arguments(p):
 
 
 def _dataset(spec, entry, sample_shape):
-    from kiln.training import data
     if spec == "digits":
         return data.digits()
     if spec == "synthetic":
         if sample_shape is None:
             raise KilnError("synthetic data needs the model's input shape (set INPUT_SHAPE in the model file)")
-        from kiln.training.losses import get_loss
         kind = get_loss(entry.loss)[1]
         return data.synthetic(sample_shape, entry.num_classes or 10, target="input" if kind == "input" else "labels")
     if spec.endswith(".npz"):
@@ -111,7 +113,19 @@ def _overrides(args):
         overrides["nesterov"] = True
     if overrides.get("augment") == "none":
         overrides["augment"] = ""
+    if "backend" in overrides:
+        overrides["backend"] = _backend(overrides["backend"])
     return overrides
+
+
+def _backend(name):
+    """--backend NAME resolved through the registry of backends (kiln.step_compiler); an old name
+    still works, with a note on stderr."""
+    if name in DEPRECATED:
+        print(f"kiln train: --backend {name} is deprecated, use --backend {DEPRECATED[name]} (the same backend)",
+              file=sys.stderr)
+        name = DEPRECATED[name]
+    return step_compiler(name)
 
 
 def default_out(name, now=None):
@@ -143,9 +157,6 @@ def _may_replace(out, force, resume, interactive):
 
 
 def train(args):
-    from kiln.frontend.module import manual_seed
-    from kiln.training import fit
-
     overrides = _overrides(args)
     if args.resume and args.force:
         raise UsageError("--resume continues the run in --out, --force replaces it: give one of them")

@@ -127,7 +127,7 @@ def test_int8_ops_bit_exact_weight_storage(int8_graph, optimize, tmp_path_factor
     "speed": small layers keep the int16 packing (kiln_dot2x2rq_w16, kiln_dot*_w16)."""
     pkg = compile_pkg(int8_graph, target="host", out_dir=tmp_path_factory.mktemp(optimize), plot=False,
                       measure_size=False, optimize=optimize)
-    assert pkg.manifest["optimize"] == optimize
+    assert pkg.manifest.optimize == optimize
     src = open(os.path.join(pkg.path, "kernels.c")).read()
     bits = re.findall(r"kiln_conv_s8\([^;]*?, (8|16), \(&\(convq", src)
     assert bits, "the int8 table has groups-1 convs on the fused path"
@@ -224,7 +224,7 @@ def test_float_ops_without_c_kernels_use_their_te_compute(tmp_path):
     for name, want, got in zip(g.outputs, run(g, *feeds), pkg.run(*feeds)):
         assert got.shape == want.shape and got.dtype == want.dtype, name
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
-    macs = {c["name"]: c["macs"] for c in pkg.manifest["commands"]}
+    macs = {c.name: c.macs for c in pkg.manifest.commands}
     assert macs["cgi"] == macs["cgw"] == 2 * 4 * 3 * 5 * 3 * 3 * 4
 
 
@@ -233,11 +233,11 @@ def test_macs_are_the_ops_own(tmp_path):
     from kiln.commands.inspect import macs, summarize
     g = _float_graph()
     pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
-    per_node = {c["name"]: c["macs"] for c in pkg.manifest["commands"]}
+    per_node = {c.name: c.macs for c in pkg.manifest.commands}
     for n in g.nodes:
         if OPS[n.op].macs is not None:
             assert per_node[n.name] == macs(g, n) > 0, n.name
-    assert pkg.manifest["macs"] == summarize(g)["macs"]
+    assert pkg.manifest.macs == summarize(g)["macs"]
     # conv2d [2, 6, 5, 4] * [6, 3, 3, 4] 'same', by hand
     assert per_node["conv2d_0"] == 2 * 6 * 5 * 6 * 3 * 3 * 4
 
@@ -287,7 +287,7 @@ def test_cross_compiles_warning_free(shared_models, target, tmp_path):
     # measure_size compiles kernels.c and model.c with -Wall -Wextra -Werror for the core
     pkg = compile_pkg(os.path.join(shared_models, "pretrainedResnet_quant.tflite"), target=target,
                       out_dir=tmp_path, plot=False)
-    assert pkg.manifest["sizes"]["code_bytes"] > 0
+    assert pkg.manifest.sizes["code_bytes"] > 0
 
 
 def test_package_contract(tmp_path):
@@ -308,7 +308,7 @@ def test_package_contract(tmp_path):
     for banned in ("tvm/", "TVMBackendAllocWorkspace", "malloc", "TVMFFI"):
         assert banned not in src
     m = pkg.manifest
-    assert m["commands"][0]["macs"] == 12 and m["inputs"][0]["shape"] == [1, 4]
+    assert m.commands[0].macs == 12 and m.inputs[0].shape == [1, 4]
     x = np.array([[1, -2, 3, 4]], np.float32)
     np.testing.assert_allclose(pkg.run(x)[0], [[1, 0, 3]])
 

@@ -37,23 +37,23 @@ def test_package_files_and_manifest(packages, which):
     for f in ("kernels.cu", "manifest.json", "weights.bin", "plan.txt", "groups.json"):
         assert os.path.exists(os.path.join(pkg, f)), f
     m = cuda.check_package(pkg)      # offsets inside arena/blob, non-overlap, kernels defined, dims
-    assert m["target"] == "cuda" and m["arch"] == "sm_90" and m["dtype"] == "float32"
-    assert [i["name"] for i in m["inputs"]] == graph.inputs
-    assert [o["name"] for o in m["outputs"]] == graph.outputs
+    assert m.target == "cuda" and m.arch == "sm_90" and m.dtype == "float32"
+    assert [i.name for i in m.inputs] == graph.inputs
+    assert [o.name for o in m.outputs] == graph.outputs
     src = open(os.path.join(pkg, "kernels.cu")).read()
     defined = set(re.findall(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(', src))
-    assert set(m["kernels"]) <= defined and m["kernels"]
+    assert set(m.kernels) <= defined and m.kernels
     # every parameter/constant that is not folded is in the weights blob, with its bytes
     blob = open(os.path.join(pkg, "weights.bin"), "rb").read()
-    for w in m["weights"]:
-        want = np.asarray(graph.tensors()[w["name"]], np.float32).tobytes()
-        assert blob[w["offset"]:w["offset"] + w["bytes"]] == want
+    for w in m.weights:
+        want = np.asarray(graph.tensors()[w.name], np.float32).tobytes()
+        assert blob[w.offset:w.offset + w.bytes] == want
     # launches carry real launch dims read from the lowered TIR
-    for st in m["steps"]:
-        assert st["launches"], st["func"]
-        for L in st["launches"]:
-            assert np.prod(L["grid"]) >= 1 and 1 <= np.prod(L["block"]) <= 1024
-            assert all("space" in a or "scalar" in a for a in L["args"])
+    for st in m.steps:
+        assert st.launches, st.func
+        for L in st.launches:
+            assert np.prod(L.grid) >= 1 and 1 <= np.prod(L.block) <= 1024
+            assert all(a.space is not None or a.scalar is not None for a in L.args)
 
 
 def test_kernel_params_follow_the_plan_argument_count(packages):
@@ -87,8 +87,8 @@ def test_plan_interpreter_takes_new_weights(packages):
 def test_arena_is_shared_across_lifetimes(packages):
     pkg, _, _ = packages["cnn-step"]
     m = cuda.load_manifest(pkg)
-    total = sum(b["bytes"] for b in m["buffers"])
-    assert m["arena_bytes"] < total          # buffers with disjoint lifetimes share bytes
+    total = sum(b.bytes for b in m.buffers)
+    assert m.arena_bytes < total          # buffers with disjoint lifetimes share bytes
     assert "arena:" in open(os.path.join(pkg, "plan.txt")).read()
 
 
@@ -108,8 +108,8 @@ def test_half_precision_packages(tmp_path):
     for dtype, tol in (("float16", 2e-2), ("bfloat16", 1e-1)):
         pkg = cuda.compile(fwd, str(tmp_path / dtype), dtype=dtype)
         m = cuda.check_package(pkg)
-        assert m["dtype"] == dtype and all(w["dtype"] == dtype for w in m["weights"])
-        assert m["weights_bytes"] < sum(v.nbytes for v in fwd.params.values())
+        assert m.dtype == dtype and all(w.dtype == dtype for w in m.weights)
+        assert m.weights_bytes < sum(v.nbytes for v in fwd.params.values())
         src = open(os.path.join(pkg, "kernels.cu")).read()
         assert ("half" in src) if dtype == "float16" else ("bfloat16" in src or "nv_bfloat16" in src)
         if dtype == "float16":   # LLVM on the host runs fp16 kernels; accumulation is float32
@@ -123,7 +123,7 @@ def test_dropout_masks_are_host_inputs(tmp_path):
     g.outputs = [g.add_node("dropout", ["x", "key"], {"rate": 0.25, "salt": 1})]
     pkg = cuda.compile(g, str(tmp_path / "drop"))
     m = cuda.check_package(pkg)
-    assert m["user_inputs"] == ["x", "key"] and len(m["dropout_masks"]) == 1
+    assert m.user_inputs == ["x", "key"] and len(m.dropout_masks) == 1
     x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
     np.testing.assert_allclose(cuda.interpret_plan(pkg, [x, np.int64(9)])[0], executor.run(g, x, np.int64(9))[0])
 

@@ -194,7 +194,6 @@ def test_quantised_graph_is_rejected():
 
 
 def test_host_llvm_verify_target(tmp_path):
-    import kiln.backends.targets_server  # noqa: F401  (registers host-llvm)
     from kiln.commands.verify import verify
     fwd, _, x, _ = make("mlp")
     path = tmp_path / "mlp.json"

@@ -1,7 +1,7 @@
 """Memory planner: hand-checkable cases, in-place aliasing, overlap checker, rendering."""
 import pytest
 
-from kiln.backends.planner import Alias, Buffer, MemoryPlan, overlaps, plan, plot
+from kiln.backends.planner import Alias, Buffer, MemoryPlan, lifetimes, overlaps, plan, plot
 
 
 def test_chain_reuses_memory():
@@ -90,3 +90,15 @@ def test_random_lifetimes_never_overlap():
         p = plan(bufs, aliases)
         assert not overlaps(bufs, p.offsets, aliases)
         assert p.peak <= plan(bufs, strategies=["greedy_by_size"]).peak
+
+
+def test_lifetimes_by_hand():
+    """Inputs live from ``born``, a value from the step writing it to its last reader, outputs
+    until ``end``; values are listed in the order they are born."""
+    steps = [(["x"], ["a"]), (["a"], ["b"]), (["a", "b"], ["c"]), (["c"], ["d"])]
+    first, last = lifetimes(["x"], steps, ["b", "d"])
+    assert list(first) == ["x", "a", "b", "c", "d"]
+    assert first == {"x": 0, "a": 0, "b": 1, "c": 2, "d": 3}
+    assert last == {"x": 0, "a": 2, "b": 3, "c": 3, "d": 3}
+    first, last = lifetimes(["x"], steps, ["d"], born=-1, end=4)      # the CUDA convention
+    assert first["x"] == -1 and last["x"] == 0 and last["d"] == 4

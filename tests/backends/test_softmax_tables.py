@@ -113,7 +113,7 @@ def test_one_trimmed_exp_table_per_softmax(softmax_pkg):
     # the cases cover diff_min < -255 (full table), diff_min > -255, and the shared models' -124
     assert int(tables["sm0"]) == 256 and 0 < int(tables["sm2"]) < 256
     assert int(tables["sm4"]) == 82 and int(tables["sm5"]) == 97          # ResNet-8, KWS
-    assert pkg.manifest["weight_bytes"] == 4 * sum(int(v) for v in tables.values())
+    assert pkg.manifest.weight_bytes == 4 * sum(int(v) for v in tables.values())
 
 
 @pytest.mark.parametrize("scale", [0.003, 0.01, 0.05, 0.08, 0.1, 0.125, 0.15, RN8_SCALE, KWS_SCALE, 0.2, 0.25,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kiln import boards, hil
-from kiln.backends import emit
+from kiln.backends import emit, manifest
 from kiln.backends.pipeline import BudgetError
 from kiln.cli import main
 from kiln.frontend import Graph, TensorType, files, save
@@ -51,7 +51,8 @@ def test_a_full_disk_during_compile_leaves_no_package(capsys, tmp_path, tiny_mod
         if os.path.basename(str(path)).startswith(victim):
             _enospc(path)
         return real_open(path, *a, **k)
-    monkeypatch.setattr(emit, "open", open_, raising=False)         # kernels.c, manifest.json
+    monkeypatch.setattr(emit, "open", open_, raising=False)         # kernels.c
+    monkeypatch.setattr(manifest, "open", open_, raising=False)     # manifest.json
     monkeypatch.setattr(files, "open", open_, raising=False)        # graph.json (atomic_write)
     from kiln.backends import pipeline
     monkeypatch.setattr(pipeline, "open", open_, raising=False)

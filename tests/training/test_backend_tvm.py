@@ -1,6 +1,9 @@
-"""The training step compiled with TVM for the host (backend='tvm') matches the NumPy step."""
+"""The training step compiled with TVM for the host (kiln.step_compiler('host-llvm'), formerly
+backend='tvm') or as a CUDA package matches the NumPy step."""
 import numpy as np
 import pytest
+
+import kiln
 
 from kiln.frontend.module import manual_seed
 from kiln.training import zoo
@@ -8,7 +11,7 @@ from kiln.training.step import StepGraph
 from kiln.frontend.errors import KilnError
 
 
-@pytest.mark.parametrize("backend", ["tvm", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("backend", ["host-llvm", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_compiled_step_matches_numpy_step(backend):
     manual_seed(0)
     entry = zoo.get("digits-cnn")
@@ -19,7 +22,7 @@ def test_compiled_step_matches_numpy_step(backend):
     params = {n: p.data for n, p in model.named_parameters()}
     buffers = {n: b.data for n, b in model.named_buffers()}
     ref = StepGraph(model, "cross_entropy", (8, 8, 1), 16)
-    tvm = StepGraph(model, "cross_entropy", (8, 8, 1), 16, backend=backend)
+    tvm = StepGraph(model, "cross_entropy", (8, 8, 1), 16, backend=kiln.step_compiler(backend))
     l0, p0, g0, u0 = ref(params, buffers, x, y)
     l1, p1, g1, u1 = tvm(params, buffers, x, y)
     assert abs(l0 - l1) <= 1e-5 * max(1.0, abs(l0))
@@ -42,4 +45,4 @@ def test_cuda_training_without_a_gpu_names_what_was_found():
         pytest.skip("a GPU is present")
     manual_seed(0)
     with pytest.raises(KilnError, match="CuPy|CUDA"):
-        StepGraph(zoo.get("digits-cnn").module, "cross_entropy", (8, 8, 1), 4, backend="cuda")
+        StepGraph(zoo.get("digits-cnn").module, "cross_entropy", (8, 8, 1), 4, backend=kiln.step_compiler("cuda"))
