@@ -143,16 +143,20 @@ def gelu(b, x, approximate="none"):
         inner = binary(b, "add", x, affine(b, binary(b, "mul", binary(b, "mul", x, x), x), 0.044715))
         t = unary(b, "tanh", affine(b, inner, c))
         return binary(b, "mul", affine(b, x, 0.5), affine(b, t, 1.0, 1.0))
-    # Phi(x) = 1 - q for x >= 0, q for x < 0, with q = 0.5 (1 - erf(|x| / sqrt 2))
-    z = affine(b, binary(b, "add", unary(b, "relu", x), unary(b, "relu", affine(b, x, -1.0))), 1 / math.sqrt(2))
+    return binary(b, "mul", affine(b, x, 0.5), affine(b, erf(b, affine(b, x, 1 / math.sqrt(2))), 1.0, 1.0))
+
+
+def erf(b, x):
+    """erf(x) = sign(x) (1 - t P(t) exp(-x^2)), t = 1 / (1 + p |x|) (A&S 7.1.26, |error| < 1.5e-7)."""
+    z = binary(b, "add", unary(b, "relu", x), unary(b, "relu", affine(b, x, -1.0)))
     t = binary(b, "div", scalar(b, 1.0, x), affine(b, z, _AS_P, 1.0))
     poly = scalar(b, _AS_A[-1], x)
     for a in reversed(_AS_A[:-1]):
         poly = affine(b, binary(b, "mul", poly, t), 1.0, a)
     e = unary(b, "exp", affine(b, binary(b, "mul", z, z), -1.0))
-    q = affine(b, binary(b, "mul", binary(b, "mul", poly, t), e), 0.5)
+    one_minus = affine(b, binary(b, "mul", binary(b, "mul", poly, t), e), -1.0, 1.0)
     pos = elementwise(b, "greater_equal", x, scalar(b, 0.0, x))
-    return binary(b, "mul", x, elementwise(b, "where", pos, affine(b, q, -1.0, 1.0), q))
+    return elementwise(b, "where", pos, one_minus, affine(b, one_minus, -1.0))
 
 
 def softmax(b, x, axis, log=False):

@@ -59,7 +59,15 @@ class Layout:
         return self.perm == tuple(range(len(self.perm)))
 
     def reshaped(self, shape):
-        return Layout(self.pre, self.perm, tuple(int(s) for s in shape))
+        """The layout of this value reshaped (logically) to ``shape``: still a pure permutation
+        when the reshape only splits or merges axes that are adjacent and in order physically
+        too, else a trailing reshape."""
+        shape = tuple(int(s) for s in shape)
+        if self.pure:
+            lay = _pure_reshape(self, shape)
+            if lay is not None:
+                return lay
+        return Layout(self.pre, self.perm, shape)
 
     def to_logical(self, arr):
         return np.transpose(np.reshape(arr, self.pre), self.perm).reshape(self.shape)
@@ -68,6 +76,48 @@ class Layout:
         """The physical array holding logical ``arr`` (the inverse of to_logical)."""
         t = np.reshape(arr, tuple(self.pre[p] for p in self.perm))
         return np.transpose(t, inverse(self.perm)).reshape(phys_shape)
+
+
+def _groups(a, b):
+    """Pairs (axes of a, axes of b) with equal products, for shapes without 1s; None if none."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        gi, gj, pa, pb = [i], [j], a[i], b[j]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb and i < len(a):
+                pa *= a[i]
+                gi.append(i)
+                i += 1
+            elif pb < pa and j < len(b):
+                pb *= b[j]
+                gj.append(j)
+                j += 1
+            else:
+                return None
+        out.append((gi, gj))
+    return out if i == len(a) and j == len(b) else None
+
+
+def _pure_reshape(lay, shape):
+    la = [k for k, s in enumerate(lay.shape) if s != 1]
+    lb = [k for k, s in enumerate(shape) if s != 1]
+    groups = _groups([lay.shape[k] for k in la], [shape[k] for k in lb])
+    if groups is None:
+        return None
+    runs = []
+    for gi, gj in groups:
+        phys = [lay.perm[la[k]] for k in gi]
+        if phys != list(range(phys[0], phys[0] + len(phys))):
+            return None
+        runs.append((phys[0], [lb[k] for k in gj]))
+    order = [k for _, outs in sorted(runs) for k in outs]      # logical axes in physical order
+    for k, s in enumerate(shape):
+        if s == 1:      # a size-1 axis goes right after the axis before it (anywhere would do)
+            order.insert(order.index(k - 1) + 1 if k > 0 else 0, k)
+    pre = [shape[k] for k in order]
+    perm = [order.index(k) for k in range(len(shape))]
+    return Layout(tuple(pre), tuple(perm), shape)
 
 
 def inverse(perm):

@@ -122,10 +122,11 @@ def rnn(b: Builder, kind, x: V, layers, batch_first, h0=None, c0=None):
         for di, p in enumerate(dirs):
             k = li * len(dirs) + di
             hi, ci = _state(b, h0, k, N, H), _state(b, c0, k, N, H)
+            rev = p.get("reverse", di == 1)
             if kind == "lstm":
-                seq, h, c = lstm_direction(b, inp, p, ta, di == 1, hi, ci)
+                seq, h, c = lstm_direction(b, inp, p, ta, rev, hi, ci)
             else:
-                seq, h, c = gru_direction(b, inp, p, ta, di == 1, hi)
+                seq, h, c = gru_direction(b, inp, p, ta, rev, hi)
             seqs.append(seq)
             hs.append(h)
             cs.append(c)
