@@ -80,9 +80,9 @@ def conv(b: Builder, x: V, w: V, bias: V | None, stride=1, pads=0, dilation=1, g
     padding = [int(v) for lo_hi in pads for v in lo_hi]
     y = b.emit("conv2d", ins, {"stride": stride, "padding": padding, "dilation": dilation, "groups": int(groups)},
                hint="conv")
-    if nsp == 1:
+    if nsp == 1:        # [N, L, 1, O] read as [N, O, L]: no reshape until a consumer needs one
         n, l2, _, o = b.g.types[y].shape
-        y = b.reshape(y, [n, l2, o])
+        return V(y, Layout.permuted((n, l2, 1, o), (0, 3, 1, 2)).reshaped((n, o, l2)))
     return b.wrap(y, channels_last(x.rank))
 
 
@@ -132,7 +132,11 @@ def batch_norm(b: Builder, x: V, weight: V | None, bias: V | None, mean: V, var:
     running-statistics buffers (what kiln quantize folds into the preceding conv or dense)."""
     C = x.shape[1]
     perm = channels_last(x.rank)
-    P = b.physical(x, perm)
+    lay = None if x.is_const else x.lay
+    if lay is not None and lay.pure and lay.perm[1] == len(lay.pre) - 1 and b.g.types[x.name].shape[-1] == C:
+        P, perm = x.name, None      # channels already last physically (a conv's output): no reshape
+    else:
+        P = b.physical(x, perm)
     g = b.g
     var_n, mean_n = b.tensor(var), b.tensor(mean)
     std = b.emit("sqrt", [b.emit("add", [var_n, b.tensor(B.scalar(b, eps, var))], hint="bn_var_eps")],
@@ -147,7 +151,7 @@ def batch_norm(b: Builder, x: V, weight: V | None, bias: V | None, mean: V, var:
         "input": P, "output": y, "channels": int(C), "eps": float(eps), "momentum": float(momentum),
         "weight": g.producer(scale).inputs[1] if weight is not None else None,
         "bias": b.tensor(bias) if bias is not None else None, "running_mean": mean_n, "running_var": var_n})
-    return b.wrap(y, perm)
+    return V(y, lay) if perm is None else b.wrap(y, perm)
 
 
 # ---- pooling -------------------------------------------------------------------------------------
@@ -187,7 +191,7 @@ def pool(b: Builder, kind, x: V, kernel, stride=None, pads=0, ceil_mode=False, c
     y = b.emit("max_pool2d" if kind == "max" else "avg_pool2d", [P], attrs, hint=f"{kind}pool")
     if nsp == 1:
         n, l2, _, c = b.g.types[y].shape
-        y = b.reshape(y, [n, l2, c])
+        return V(y, Layout.permuted((n, l2, 1, c), (0, 3, 1, 2)).reshaped((n, c, l2)))
     return b.wrap(y, channels_last(x.rank))
 
 
