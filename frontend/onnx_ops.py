@@ -73,15 +73,13 @@ def _gemm(b, node, ins, attrs, cv):
     if attrs.get("transA", 0):
         a = B.permute(b, a, (1, 0))
     alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
+    fused = c is not None and alpha == 1 and beta == 1         # alpha A B + beta C as one dense
     if w.is_const:
-        y = NN.linear(b, a, w, c if beta == 1 else None, w_transposed=not attrs.get("transB", 0))
+        y = NN.linear(b, a, w, c if fused else None, w_transposed=not attrs.get("transB", 0))
     else:
         y = NN.matmul(b, a, B.permute(b, w, (1, 0)) if attrs.get("transB", 0) else w)
-        if c is not None and beta == 1:
-            y = B.binary(b, "add", y, c)
-    if alpha != 1:
-        y = B.affine(b, y, alpha)
-    if c is not None and beta != 1:
+    y = B.affine(b, y, alpha)
+    if c is not None and not (fused and w.is_const):
         y = B.binary(b, "add", y, B.affine(b, c, beta))
     return y
 

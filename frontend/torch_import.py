@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 
 import numpy as np
 
@@ -49,7 +50,9 @@ def from_torch(module, example_inputs, name=None, strict=False):
     was_training = module.training
     module.eval()
     try:
-        ep = torch.export.export(module, args, strict=strict)
+        with warnings.catch_warnings():     # torch's own note about nn.LSTM's flat weights
+            warnings.filterwarnings("ignore", message=".*were assigned during export.*")
+            ep = torch.export.export(module, args, strict=strict)
     except Exception as e:     # torch raises many types for a graph break
         raise TorchImportError(f"torch.export could not capture {type(module).__name__}: {_export_message(e)}") \
             from None
