@@ -50,33 +50,19 @@ class Package:
 
 # ---- passes ---------------------------------------------------------------------------------
 def load(st):
-    """Needs: st['source'] (a Graph, a .json graph path or a .tflite path)."""
+    """Needs: st['source'] (a Graph or a model file kiln.frontend.load_model reads: .json, .tflite,
+    .onnx, .pt2)."""
+    from kiln.frontend import load_model
     src = st["source"]
-    from kiln.frontend.graph import Graph
-    if isinstance(src, Graph):
-        st["graph"] = src
+    if not isinstance(src, (str, os.PathLike)):
+        st["graph"] = load_model(src)
     else:
         path = os.fspath(src)
         if not os.path.exists(path):
             raise KilnError(f"model file {path} not found")
-        if path.endswith(".tflite"):
-            st["graph"] = _import_tflite(path)
-        else:
-            from kiln.frontend import load as load_graph
-            st["graph"] = load_graph(path)
+        st["graph"] = load_model(path)
 
     st["model_name"] = st["graph"].name
-
-
-def _import_tflite(path):
-    try:
-        from kiln.frontend import tflite_import
-    except ImportError:
-        raise KilnError(f"{path}: the .tflite importer (kiln.frontend.tflite_import) is not available") from None
-    for fn in ("load_tflite", "load", "import_tflite"):
-        if hasattr(tflite_import, fn):
-            return getattr(tflite_import, fn)(path)
-    raise KilnError("kiln.frontend.tflite_import has no load function")
 
 
 def prepare(st):
