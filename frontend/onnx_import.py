@@ -77,6 +77,7 @@ class _Converter:
         self.env = {}
         self.input_shapes = input_shapes
         self.domains = domains
+        self.act_q, self.weight_q = {}, {}        # QDQ models: see onnx_qdq
 
     def run(self):
         onnx = onnx_module()
@@ -104,7 +105,11 @@ class _Converter:
         outs = [self.env[o.name] for o in g.output]
         b.meta.update(source="onnx", onnx_opset=self.opset,
                       source_inputs=[i.name for i in g.input if i.name not in {t.name for t in g.initializer}])
-        return b.finish(outs, [o.name for o in g.output])
+        graph = b.finish(outs, [o.name for o in g.output])
+        if not self.act_q:
+            return graph
+        from .onnx_qdq import to_int8
+        return to_int8(graph, self.act_q, self.weight_q, {k: v for k, v in b._params.items()})
 
     def _unsupported(self):
         """Nodes neither in the table nor evaluable at import (every input a constant)."""

@@ -418,3 +418,38 @@ def _rnn(b, node, ins, attrs, cv):
         y = B.permute(b, B.reshape(b, y, list(y.shape[:2]) + [D, H]), (0, 2, 1, 3))   # [T, D, N, H]
         outs = [y, h_n] + ([c_n] if c_n is not None else [])
     return outs
+
+
+# ---- QDQ (onnx_qdq) ------------------------------------------------------------------------------
+@op("QuantizeLinear")
+def _quantize_linear(b, node, ins, attrs, cv):
+    from .onnx_qdq import act_qparams
+    x = ins[0]
+    if x.is_const:
+        raise UnsupportedError("QuantizeLinear of a constant (quantise weights offline: int8 initializers)")
+    zp = ins[2].array if len(ins) > 2 and ins[2] is not None else None
+    dtype = ins[2].array.dtype.name if zp is not None else "uint8"
+    cv.act_q.setdefault(x.name, act_qparams(_const(ins[1], "QuantizeLinear scale"), zp, dtype))
+    return x
+
+
+@op("DequantizeLinear")
+def _dequantize_linear(b, node, ins, attrs, cv):
+    from .onnx_qdq import dequantize_const
+    from .types import QParams
+    x = ins[0]
+    if not x.is_const:
+        return x                                 # the Q -> DQ pair of an activation: identity
+    scale = _const(ins[1], "DequantizeLinear scale")
+    zp = ins[2].array if len(ins) > 2 and ins[2] is not None else None
+    axis = attrs.get("axis", 1)
+    arr = dequantize_const(x.array, scale, zp, axis)
+    name = (x.pname or "w").removesuffix("_quantized")
+    if x.array.dtype == np.int8:
+        if zp is not None and np.any(zp):
+            raise UnsupportedError(f"int8 weights {name!r} with a non-zero zero point (Kiln's int8 weights are "
+                                   f"symmetric)")
+        s = np.ravel(scale).astype(np.float64)
+        cv.weight_q[name] = QParams(tuple(float(np.float32(v)) for v in s), (0,) * s.size,
+                                    0 if s.size > 1 else None)
+    return V(array=arr, pname=name, trainable=False)

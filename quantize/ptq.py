@@ -45,6 +45,14 @@ def quantize_weights(w, per_channel=True, bits=8):
     return q, QParams((float(s[0]),), (0,))
 
 
+def quantize_weights_as(w, qp: QParams):
+    """int8 weights with given symmetric scales (an imported int8 model's own: ONNX QDQ)."""
+    w = np.asarray(w, np.float64)
+    s = np.asarray(qp.scale, np.float64)
+    s = s.reshape((-1,) + (1,) * (w.ndim - 1)) if qp.per_channel else s[0]
+    return np.clip(np.round(w / s), -128, 127).astype(np.int8), qp
+
+
 def quantize_bias(b, s_in, w_q: QParams, n):
     """int32 bias with scale float32(s_in) * float32(s_w[c]) (as the TFLite converter forms it)."""
     ws = np.broadcast_to(np.asarray(w_q.scale, np.float32), (n,))
@@ -61,14 +69,20 @@ def _qp(scale_zp):
     return QParams((float(np.float32(s)),), (int(z),))
 
 
-def convert(graph: Graph, ranges: dict, per_channel=True, int8_io=False, name=None) -> Graph:
-    """Quantise a prepared float graph given activation ranges {value: (lo, hi)}."""
+def convert(graph: Graph, ranges: dict, per_channel=True, int8_io=False, name=None, qparams=None,
+            weight_qparams=None) -> Graph:
+    """Quantise a prepared float graph given activation ranges {value: (lo, hi)}; ``qparams``
+    {value: QParams} and ``weight_qparams`` {weight: QParams} give parameters outright instead
+    (an imported int8 model's own scales)."""
+    qparams, weight_qparams = qparams or {}, weight_qparams or {}
     g = graph
     q = Graph(name or f"{g.name}_int8")
     env, qp = {}, {}
     tensors = {**g.consts, **g.params}
 
     def need_range(v):
+        if v in qparams:
+            return qparams[v]
         if v not in ranges:
             raise QuantizationError(f"no calibration range for value {v!r}")
         return qparams_from_range(*ranges[v])
@@ -124,7 +138,8 @@ def convert(graph: Graph, ranges: dict, per_channel=True, int8_io=False, name=No
             wname = n.inputs[1]
             if wname not in tensors:
                 raise QuantizationError(f"node {n.name!r}: weights {wname!r} must be a parameter or constant")
-            wq, wqp = quantize_weights(tensors[wname], per_channel)
+            wq, wqp = (quantize_weights_as(tensors[wname], weight_qparams[wname]) if wname in weight_qparams
+                       else quantize_weights(tensors[wname], per_channel))
             wn = q.add_const(q.fresh(wname + "_int8"), wq, wqp)
             nout = wq.shape[0]
             bq, bqp = quantize_bias(tensors[n.inputs[2]] if len(n.inputs) == 3 else None, s_in, wqp, nout)
