@@ -21,6 +21,9 @@ from .tensor import constant
 
 
 class GraphModule(Module):
+    """A float Graph as a Module: parameters are the graph's, ``forward`` replays its nodes at any
+    batch size; train mode runs recorded BatchNorms on batch statistics (fine-tuning imports)."""
+
     def __init__(self, graph):
         bad = [i for i in graph.inputs if not graph.types[i].is_float]
         if bad or any(t.quant is not None for t in graph.types.values()):
