@@ -281,7 +281,10 @@ def depthwise_schedule(sch, out_block, acc="acc"):
     _inline_rest(sch, {out_block, acc})
     loops = sch.get_loops(sch.get_sblock(out_block))
     acc = sch.get_sblock(acc)
-    sch.compute_at(acc, loops[-2], preserve_unit_loops=False)
+    # a kernel axis of size 1 (a Conv1d's (k, 1) kernel) keeps its unit loop, so the last three
+    # loops are still (c, kh, kw)
+    unit = any(int(iv.dom.extent) == 1 for iv in sch.get(acc).iter_vars if int(iv.iter_type) == 2)
+    sch.compute_at(acc, loops[-2], preserve_unit_loops=unit)
     c, kh, kw = sch.get_loops(acc)[-3:]
     sch.reorder(kh, kw, c)
     sch.decompose_reduction(acc, kh)

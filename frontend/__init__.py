@@ -8,8 +8,9 @@ from .executor import RunStats, run, run_updates
 from .graph import Graph, Node
 from .limits import LIMITS, limits, set_limits
 from .loader import load_model
-from .module import (AvgPool2d, BatchNorm2d, Buffer, Conv2d, Dropout, Flatten, GlobalAvgPool, Linear,
-                     MaxPool2d, Module, Parameter, ReLU, ReLU6, Sequential, manual_seed)
+from .graph_module import GraphModule
+from .module import (AvgPool2d, BatchNorm1d, BatchNorm2d, Buffer, Conv1d, Conv2d, Dropout, Flatten, GlobalAvgPool,
+                     Linear, MaxPool2d, Module, Parameter, ReLU, ReLU6, Sequential, eager, manual_seed)
 from .registry import OPS, OpDef, get_op
 from .serialize import load, save
 from .tensor import Tensor, constant

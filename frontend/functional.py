@@ -3,7 +3,9 @@ primitives) to the graph its operands belong to."""
 from __future__ import annotations
 
 import builtins
+import contextlib
 import math
+import threading
 
 import numpy as np
 
@@ -18,12 +20,46 @@ def _graph_of(args):
     return current_graph()
 
 
+_eager = threading.local()
+
+
+@contextlib.contextmanager
+def eager():
+    """Run Kiln functions and Modules on NumPy arrays at once, op by op, without tracing (for
+    debugging: print and inspect intermediate arrays). Each op computes with its NumPy reference,
+    the same rule the executor runs; inside ``kiln.trace`` tracing wins."""
+    prev = getattr(_eager, "on", False)
+    _eager.on = True
+    try:
+        yield
+    finally:
+        _eager.on = prev
+
+
+def eager_active():
+    """Whether ops run eagerly now (inside ``eager()`` and not tracing)."""
+    return getattr(_eager, "on", False) and current_graph() is None
+
+
+def _eager_emit(op, inputs, attrs):
+    from .module import Parameter
+    from .registry import get_op
+    arrays = [a.data if isinstance(a, Parameter) else a for a in inputs]
+    like = next((np.asarray(a).dtype for a in arrays if isinstance(a, np.ndarray)), np.dtype("float32"))
+    arrays = [np.asarray(a, like) if not isinstance(a, np.ndarray) else a for a in arrays]
+    opdef = get_op(op)
+    return np.asarray(opdef.rule("ref")(arrays, opdef.normalize_attrs(attrs, f"{op}: ")))
+
+
 def emit(op, inputs, **attrs) -> Tensor:
     """Append node ``op(inputs; attrs)`` and return its value. Scalars and arrays become constants
-    of the dtype of the first tensor operand."""
+    of the dtype of the first tensor operand. In ``eager()`` mode, outside tracing, compute it."""
     g = _graph_of(inputs)
+    if g is None and eager_active():
+        return _eager_emit(op, inputs, attrs)
     if g is None:
-        raise TraceError(f"{op}: no graph is being built (call it inside kiln.trace)")
+        raise TraceError(f"{op}: no graph is being built (call it inside kiln.trace, or run eagerly inside "
+                         f"kiln.eager())")
     like = next((a for a in inputs if isinstance(a, Tensor)), None)
     ts = [as_tensor(a, like=like, graph=g) for a in inputs]
     return Tensor(g, g.add_node(op, [t.name for t in ts], attrs))
@@ -121,6 +157,8 @@ def log_softmax(x, axis=-1):
 # ---- shapes ---------------------------------------------------------------------------------
 def reshape(x, shape):
     shape = [int(s) for s in shape]
+    if isinstance(x, np.ndarray) and eager_active():
+        return x.reshape(shape)
     if isinstance(x, Tensor) and shape.count(-1) == 1 and x.size:
         rest = math.prod(s for s in shape if s != -1)
         if rest and x.size % rest == 0:
@@ -240,6 +278,19 @@ def _padding(p):
 def conv2d(x, w, b=None, stride=1, padding="valid", dilation=1, groups=1, activation="none"):
     return emit("conv2d", [x, w] + ([b] if b is not None else []), stride=_pair(stride),
                 padding=_padding(padding), dilation=_pair(dilation), groups=int(groups), activation=activation)
+
+
+def conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, activation="none"):
+    """1-D convolution of x [N, L, C] (channels last) with w [O, K, C / groups]: a conv2d with a
+    (K, 1) kernel. ``padding``: an int (both ends, as PyTorch), (lo, hi), 'same' or 'valid'."""
+    n, length, c = x.shape
+    k = w.shape[1]
+    pad = padding if isinstance(padding, str) else (
+        [int(padding)] * 2 if isinstance(padding, (int, np.integer)) else [int(p) for p in padding])
+    pad = pad if isinstance(pad, str) else pad + [0, 0]
+    w4 = reshape(w, (w.shape[0], k, 1, w.shape[2]))
+    y = conv2d(reshape(x, (n, length, 1, c)), w4, b, (int(stride), 1), pad, (int(dilation), 1), groups, activation)
+    return reshape(y, (n, y.shape[1], y.shape[3]))
 
 
 def conv2d_grad_input(gy, w, input_shape, stride, padding, dilation, groups):

@@ -2,6 +2,9 @@
 
 - ``.tflite``: TFLite flatbuffer (int8, float or mixed), see tflite_import.
 - ``.json``: a Kiln graph (``kiln.save``; its tensors in the ``.npz`` beside it).
+- ``.onnx``: an ONNX model (float or QDQ int8), see onnx_import (needs ``kiln-ml[onnx]``).
+- ``.pt2``: a PyTorch ExportedProgram (``torch.export.save``), see torch_import (needs
+  ``kiln-ml[torch]``).
 
 Every command that takes a MODEL argument reads it here, so they all accept the same files."""
 from __future__ import annotations
@@ -11,9 +14,12 @@ import os
 from .errors import SerializationError
 from .graph import Graph
 from .serialize import load
+from .onnx_import import load_onnx      # onnx and torch themselves are imported when a file needs them
 from .tflite_import import load_tflite
+from .torch_import import load_pt2
 
-KINDS = {".tflite": "TFLite flatbuffer", ".json": "Kiln graph (kiln.save)"}
+KINDS = {".tflite": "TFLite flatbuffer", ".json": "Kiln graph (kiln.save)", ".onnx": "ONNX model",
+         ".pt2": "PyTorch ExportedProgram (torch.export.save)"}
 
 
 def load_model(path) -> Graph:
@@ -30,6 +36,10 @@ def load_model(path) -> Graph:
         raise SerializationError(f"model file {p} not found")
     if ext == ".tflite":
         return load_tflite(p)
+    if ext == ".onnx":
+        return load_onnx(p)
+    if ext == ".pt2":
+        return load_pt2(p)
     if ext == ".json" or (not ext and os.path.exists(p + ".json")):
         return load(p)
     raise SerializationError(f"{p}: unknown model format {ext or '(no extension)'!r}; Kiln reads "

@@ -33,6 +33,7 @@ def default_rng():
 
 class Parameter:
     """A trainable tensor. ``data`` is a NumPy array."""
+    __array_ufunc__ = None      # ndarray <op> Parameter defers to Parameter's operators
 
     def __init__(self, data, dtype="float32"):
         self.data = np.asarray(data, dtype=dtype)
@@ -49,6 +50,8 @@ class Parameter:
         return f"Parameter({self.dtype}{list(self.shape)})"
 
     def _t(self):
+        if F.eager_active():          # kiln.eager(): the array itself
+            return self.data
         from .tensor import as_tensor
         return as_tensor(self)
 
@@ -253,6 +256,30 @@ class Conv2d(Module):
         return f"{i}, {o}, kernel={k}, stride={self.stride}, padding={self.padding}, groups={self.groups}"
 
 
+class Conv1d(Module):
+    """1-D convolution over [N, L, C] (channels last); weight is [out, kernel, in / groups].
+    ``padding``: an int (the same on both ends, as PyTorch's), (lo, hi), 'same' or 'valid'."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+                 bias=True, activation="none"):
+        if in_channels % groups or out_channels % groups:
+            raise KilnError(f"Conv1d: channels {in_channels}->{out_channels} not divisible by groups={groups}")
+        bound = 1.0 / math.sqrt((in_channels // groups) * kernel_size)
+        self.weight = Parameter(_uniform((out_channels, kernel_size, in_channels // groups), bound))
+        self.bias = Parameter(_uniform((out_channels,), bound)) if bias else None
+        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+        self.activation = activation
+        self.cfg = (in_channels, out_channels, kernel_size)
+
+    def forward(self, x):
+        return F.conv1d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups,
+                        activation=self.activation)
+
+    def extra_repr(self):
+        i, o, k = self.cfg
+        return f"{i}, {o}, kernel={k}, stride={self.stride}, padding={self.padding}, groups={self.groups}"
+
+
 def record_update(buffer: Buffer, value: Tensor):
     """Record, in the graph being traced, that ``buffer`` takes ``value`` after this step."""
     from .tensor import as_tensor
@@ -293,6 +320,11 @@ class BatchNorm2d(Module):
         return f"{self.num_features}"
 
 
+class BatchNorm1d(BatchNorm2d):
+    """Batch normalisation of [N, C] or [N, L, C] (channels last) over every axis but the last:
+    the same statistics and updates as BatchNorm2d (and PyTorch's BatchNorm1d)."""
+
+
 class ReLU(Module):
     """max(x, 0)."""
 
@@ -320,6 +352,9 @@ class Dropout(Module):
     def forward(self, x):
         if not self.training or self.p == 0:
             return x
+        if F.eager_active():
+            raise KilnError("Dropout in train mode needs the traced graph's dropout key: run eagerly in eval mode "
+                            "(module.eval()), or trace")
         return F.dropout(x, dropout_key(x.graph), self.p, self.salt)
 
 
@@ -357,6 +392,13 @@ class GlobalAvgPool(Module):
 
     def forward(self, x):
         return F.mean(x, [1, 2])
+
+
+def eager(module, *arrays):
+    """``module(*arrays)`` run eagerly on NumPy arrays (``kiln.eager()``): every op computes at once
+    with its NumPy reference, so intermediate values can be printed in ``forward``."""
+    with F.eager():
+        return module(*[np.asarray(a) for a in arrays])
 
 
 class Flatten(Module):

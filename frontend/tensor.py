@@ -166,6 +166,8 @@ class Tensor:
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
         return F.reshape(self, shape)
+
+    view = reshape      # PyTorch's name: x.view(x.shape[0], -1)
     def transpose(self, *perm):
         if len(perm) == 1 and isinstance(perm[0], (tuple, list)):
             perm = perm[0]

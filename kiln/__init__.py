@@ -7,12 +7,17 @@ Public API (see README.md):
     kiln.save(graph, path) / kiln.load(path)
     kiln.nn (Module API and layers), kiln.F (NumPy-like ops; also kiln.exp, kiln.where, ...)
     kiln.step_compiler(name)                                     (compiled training steps for kiln.training)
+    kiln.from_torch(module, example_inputs) / kiln.load_model(path: .pt2 .onnx .tflite .json)
+    kiln.eager()                                                 (run ops on arrays, no tracing)
 """
 from kiln.common.version import __version__  # noqa: E402,F401
 
 from kiln.frontend import (Graph, KilnError, TensorType, QParams, load, run, save, trace,  # noqa: E402,F401
                            set_limits, limits)
 from kiln.frontend import functional as F  # noqa: E402
+from kiln.frontend import load_model  # noqa: E402,F401
+from kiln.frontend.functional import eager  # noqa: E402,F401
+from kiln.frontend.torch_import import from_torch  # noqa: E402,F401
 from kiln.frontend.functional import (add, sub, mul, div, neg, exp, log, sqrt, tanh, sigmoid, relu,  # noqa: E402,F401
                                       relu6, maximum, minimum, pow, where, equal, not_equal, less,
                                       less_equal, greater, greater_equal, matmul, dense, conv2d,

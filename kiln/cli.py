@@ -18,6 +18,7 @@ from kiln.common.errors import CheckFailed, KilnError
 COMMANDS = {
     "demo": "train, quantise, compile and run the digits CNN on an emulated board; write a report",
     "train": "train a model-zoo model or a user model on the host",
+    "import": "import a PyTorch (.pt2) or ONNX (.onnx) model into a Kiln graph, checked against its framework",
     "quantize": "post-training quantisation or QAT to int8, with a float-vs-int8 accuracy report",
     "inspect": "show a model's ops, tensors, quantisation, MACs and memory",
     "compile": "compile a model to a C package (Cortex-M / host) or a CUDA package",
@@ -44,11 +45,15 @@ def build_parser():
     return p
 
 
+MODULES = {"import": "import_"}     # commands whose name is a Python keyword
+
+
 def _load(name):
+    module = f"kiln.commands.{MODULES.get(name, name)}"
     try:
-        return importlib.import_module(f"kiln.commands.{name}")
+        return importlib.import_module(module)
     except ModuleNotFoundError as e:
-        if e.name == f"kiln.commands.{name}":
+        if e.name == module:
             return None
         raise
 

@@ -18,7 +18,8 @@ from kiln.frontend import run
 from kiln.frontend.errors import KilnError
 from kiln.frontend.types import QParams
 
-from .graph_passes import with_batch
+from kiln.frontend.graph_passes import with_batch
+from kiln.frontend.int8_convert import qparams_from_range  # noqa: F401
 
 METHODS = ("minmax", "percentile", "mse")
 SAMPLE = 200_000
@@ -48,17 +49,6 @@ class Observer:
 
     def values(self):
         return np.concatenate(self.sample) if self.sample else np.zeros(1, np.float32)
-
-
-def qparams_from_range(lo, hi, qmin=-128, qmax=127) -> QParams:
-    """TFLite-style asymmetric per-tensor int8 parameters covering [lo, hi] (and 0)."""
-    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
-    scale = (hi - lo) / (qmax - qmin)
-    if not scale > 0 or not np.isfinite(scale):
-        scale = 1e-8 if np.isfinite(scale) else 1.0
-    scale = float(np.float32(scale))
-    zp = int(np.clip(np.round(qmin - lo / scale), qmin, qmax))
-    return QParams((scale,), (zp,))
 
 
 def _fq(v, lo, hi):

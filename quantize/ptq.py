@@ -3,9 +3,9 @@ spec, see docs/int8_ir.md).
 
 ``ptq(graph, data, per_channel=True, method="minmax", int8_io=False)``:
 
-1. :func:`~kiln.quantize.graph_passes.prepare`: fold constants and BatchNorm, fuse ReLU/ReLU6.
+1. :func:`~kiln.frontend.graph_passes.prepare`: fold constants and BatchNorm, fuse ReLU/ReLU6.
 2. :func:`~kiln.quantize.calibrate.calibrate`: ranges of every activation.
-3. :func:`convert`: weights int8 symmetric (per output channel, or per tensor), biases int32 with
+3. :func:`~kiln.frontend.int8_convert.convert`: weights int8 symmetric (per output channel, or per tensor), biases int32 with
    scale ``s_in * s_w``, activations int8 asymmetric per tensor; ops whose output quantisation
    TFLite fixes get it (softmax/sigmoid 1/256 zp -128, tanh 1/128 zp 0; pooling, reshape and pad
    keep their input's). By default the graph takes and returns float (``quantize`` at the input,
@@ -15,146 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.frontend.errors import KilnError
 from kiln.frontend.graph import Graph
-from kiln.frontend.registry import get_op, quantizable_ops
-from kiln.frontend.types import QParams, TensorType
+from kiln.frontend.graph_passes import prepare
+from kiln.frontend.int8_convert import (QuantizationError, convert, quantize_bias,  # noqa: F401
+                                        quantize_weights, quantize_weights_as)
 
-from .calibrate import calibrate, qparams_from_range
-from .graph_passes import prepare
+from .calibrate import calibrate
 
-
-
-class QuantizationError(KilnError):
-    """A graph cannot be quantised as asked (unsupported op, missing ranges, ...)."""
-
-
-def quantize_weights(w, per_channel=True, bits=8):
-    """Symmetric int8 weights: (int8 array, QParams on axis 0 or per tensor)."""
-    w = np.asarray(w, np.float64)
-    qmax = (1 << (bits - 1)) - 1
-    if per_channel:
-        m = np.max(np.abs(w.reshape(w.shape[0], -1)), axis=1)
-    else:
-        m = np.full(1, np.max(np.abs(w)) if w.size else 0.0)
-    s = np.where(m > 0, m / qmax, 1e-8).astype(np.float32).astype(np.float64)
-    shape = (-1,) + (1,) * (w.ndim - 1) if per_channel else ()
-    q = np.clip(np.round(w / s.reshape(shape) if per_channel else w / s[0]), -qmax, qmax).astype(np.int8)
-    if per_channel:
-        return q, QParams(tuple(s.tolist()), (0,) * len(s), 0)
-    return q, QParams((float(s[0]),), (0,))
-
-
-def quantize_bias(b, s_in, w_q: QParams, n):
-    """int32 bias with scale float32(s_in) * float32(s_w[c]) (as the TFLite converter forms it)."""
-    ws = np.broadcast_to(np.asarray(w_q.scale, np.float32), (n,))
-    bs = (np.float32(s_in) * ws).astype(np.float32)
-    b = np.zeros(n) if b is None else np.asarray(b, np.float64)
-    q = np.clip(np.round(b / bs.astype(np.float64)), -(1 << 31), (1 << 31) - 1).astype(np.int32)
-    if w_q.per_channel:
-        return q, QParams(tuple(float(v) for v in bs), (0,) * n, 0)
-    return q, QParams((float(bs[0]),), (0,))
-
-
-def _qp(scale_zp):
-    s, z = scale_zp
-    return QParams((float(np.float32(s)),), (int(z),))
-
-
-def convert(graph: Graph, ranges: dict, per_channel=True, int8_io=False, name=None) -> Graph:
-    """Quantise a prepared float graph given activation ranges {value: (lo, hi)}."""
-    g = graph
-    q = Graph(name or f"{g.name}_int8")
-    env, qp = {}, {}
-    tensors = {**g.consts, **g.params}
-
-    def need_range(v):
-        if v not in ranges:
-            raise QuantizationError(f"no calibration range for value {v!r}")
-        return qparams_from_range(*ranges[v])
-
-    def const_int8(v):
-        """An activation-like constant operand (add/mul): int8 per tensor with its own range."""
-        if v in env:
-            return env[v]
-        a = np.asarray(tensors[v], np.float64)
-        qq = qparams_from_range(float(a.min(initial=0.0)), float(a.max(initial=0.0)))
-        s, z = qq.scale[0], qq.zero_point[0]
-        data = np.clip(np.round(a / s) + z, -128, 127).astype(np.int8)
-        env[v] = q.add_const(q.fresh(v + "_q"), data, qq)
-        qp[v] = qq
-        return env[v]
-
-    for i in g.inputs:
-        t = g.types[i]
-        qq = need_range(i)
-        qp[i] = qq
-        if int8_io:
-            env[i] = q.add_input(i, TensorType(t.shape, "int8", qq))
-        else:
-            q.add_input(i, t)
-            env[i] = q.add_node("quantize", [i], {"scale": list(qq.scale), "zero_point": list(qq.zero_point)},
-                                name=q.fresh(i + "_quant"), out_type=TensorType(t.shape, "int8", qq))
-
-    def operand(v):
-        if v in env:
-            return env[v]
-        if v in tensors:
-            return const_int8(v)
-        raise QuantizationError(f"value {v!r} is used before it is defined")
-
-    def requant_to(v, target: QParams):
-        """v's int8 value, requantised to ``target`` when its parameters differ (concat inputs)."""
-        src = operand(v)
-        if qp[v] == target:
-            return src
-        t = q.types[src]
-        return q.add_node("quantize", [src], {"scale": list(target.scale), "zero_point": list(target.zero_point)},
-                          name=q.fresh(v + "_requant"), out_type=TensorType(t.shape, "int8", target))
-
-    for n in g.nodes:
-        rule = get_op(n.op).quant
-        if rule is None:
-            raise QuantizationError(f"node {n.name!r}: op '{n.op}' has no int8 kernel; int8 graphs support "
-                                    f"{', '.join(quantizable_ops())}")
-        out_t = g.types[n.name]
-        if rule.inputs == "weights":
-            x = operand(n.inputs[0])
-            s_in = qp[n.inputs[0]].scale[0]
-            wname = n.inputs[1]
-            if wname not in tensors:
-                raise QuantizationError(f"node {n.name!r}: weights {wname!r} must be a parameter or constant")
-            wq, wqp = quantize_weights(tensors[wname], per_channel)
-            wn = q.add_const(q.fresh(wname + "_int8"), wq, wqp)
-            nout = wq.shape[0]
-            bq, bqp = quantize_bias(tensors[n.inputs[2]] if len(n.inputs) == 3 else None, s_in, wqp, nout)
-            bn = q.add_const(q.fresh((n.inputs[2] if len(n.inputs) == 3 else n.name + "_bias") + "_int32"), bq, bqp)
-            oq = need_range(n.name)
-            inputs = [x, wn, bn]
-        elif rule.output == "fixed":
-            inputs = [operand(v) for v in n.inputs]
-            oq = _qp(rule.fixed)
-        elif rule.output == "input":
-            inputs = [operand(n.inputs[0])] + [operand(v) for v in n.inputs[1:]]
-            oq = qp[n.inputs[0]]
-        elif rule.inputs == "requantize":
-            oq = need_range(n.name)
-            inputs = [requant_to(v, oq) for v in n.inputs]
-        else:   # calibrated output, int8 operands (add, mul, mean, relu, relu6)
-            inputs = [operand(v) for v in n.inputs]
-            oq = need_range(n.name)
-        env[n.name] = q.add_node(n.op, inputs, n.attrs, name=n.name, out_type=TensorType(out_t.shape, "int8", oq))
-        qp[n.name] = oq
-
-    for o in g.outputs:
-        if int8_io:
-            q.outputs.append(env[o])
-        else:
-            t = g.types[o]
-            q.outputs.append(q.add_node("dequantize", [env[o]], {"dtype": t.dtype}, name=q.fresh(o + "_dequant"),
-                                        out_type=TensorType(t.shape, t.dtype)))
-    q.meta.update(quantized="int8", per_channel=bool(per_channel), int8_io=bool(int8_io))
-    return q
 
 
 def ptq(graph: Graph, calibration_data, per_channel=True, method="minmax", int8_io=False, percentile=99.99,

@@ -19,13 +19,14 @@ import numpy as np
 
 from kiln.frontend import functional as F
 from kiln.frontend.module import Module, Parameter
+from kiln.frontend.rebatch import rebatch_attrs
 from kiln.frontend.registry import get_op
 from kiln.frontend.tensor import constant
 from kiln.frontend.types import QParams
 from kiln.training import fit
 
 from .calibrate import calibrate, qparams_from_range
-from .graph_passes import prepare
+from kiln.frontend.graph_passes import prepare
 from .ptq import QuantizationError, convert, quantize_weights
 
 
@@ -79,9 +80,7 @@ class FakeQuantModule(Module):
                 else:
                     t = constant(g.consts[v])
                 ins.append(t)
-            attrs = n.attrs
-            if n.op == "reshape" and attrs["shape"] and attrs["shape"][0] == batch:
-                attrs = dict(attrs, shape=[x.shape[0]] + list(attrs["shape"][1:]))   # traced at any batch
+            attrs = rebatch_attrs(n.op, n.attrs, batch, x.shape[0])   # traced at any batch
             y = F.emit(n.op, ins, **attrs)
             env[n.name] = self._fq(y, self._qp[n.name])
         return env[g.outputs[0]]

@@ -163,6 +163,29 @@ def get(name) -> ZooModel:
     return _ZOO[name]()
 
 
+MODEL_FILES = (".json", ".onnx", ".pt2")
+
+
+def is_model_file(path) -> bool:
+    """A saved or imported model (Kiln graph .json, ONNX, PyTorch .pt2) rather than a .py model file."""
+    return os.path.splitext(os.fspath(path))[1].lower() in MODEL_FILES
+
+
+def from_model_file(path) -> ZooModel:
+    """A float model file (a Kiln graph, e.g. from `kiln import`, an .onnx or a .pt2) as a
+    GraphModule to fine-tune; its input shape (batch 1) and, for [N, classes] outputs, the
+    number of classes come from the graph. It has no dataset of its own (kiln train --data)."""
+    from kiln.frontend.graph_module import GraphModule
+    from kiln.frontend.loader import load_model
+    g = load_model(path)
+    if len(g.inputs) != 1 or len(g.outputs) != 1:
+        raise UsageError(f"{path}: kiln train fine-tunes models with one input and one output "
+                         f"({len(g.inputs)} inputs, {len(g.outputs)} outputs)")
+    shape = (1,) + tuple(g.types[g.inputs[0]].shape[1:])
+    out = g.types[g.outputs[0]].shape
+    return ZooModel(GraphModule(g), shape, "", "cross_entropy", out[-1] if len(out) == 2 else None)
+
+
 def load_user_model(path) -> ZooModel:
     """Load a user model file. Convention: the file defines ``model()`` returning a Kiln Module;
     optional module-level ``INPUT_SHAPE`` (with batch 1, e.g. ``(1, 8, 8, 1)``; default: taken

@@ -248,7 +248,7 @@ register("transpose", attrs={"perm": Attr("ints", None)},
          infer=lambda ts, a: tt([ts[0].shape[i] for i in _perm(a, ts[0].ndim)], ts[0].dtype, ts[0].quant),
          ref=lambda xs, a: np.transpose(xs[0], _perm(a, xs[0].ndim)),
          vjp=lambda n, xs, y, gy: [F.transpose(gy, list(np.argsort(_perm(n.attrs, xs[0].ndim))))],
-         props={SHAPE}, arity=1, doc="permute axes (perm None: reverse)")
+         props={SHAPE, QUANTIZABLE}, arity=1, doc="permute axes (perm None: reverse)", quant=SAME_AS_INPUT)
 
 
 @defrule("transpose", "te")
@@ -371,7 +371,8 @@ def _slice_vjp(n, xs, y, gy):
 
 register("slice", attrs={"begin": Attr("ints", ()), "end": Attr("ints", ()), "strides": Attr("ints", None)},
          infer=_slice_infer, ref=lambda xs, a: xs[0][_slice_params(a, xs[0].shape)].copy(),
-         vjp=_slice_vjp, props={SHAPE}, arity=1, doc="x[begin:end:strides] per axis (positive strides)")
+         vjp=_slice_vjp, props={SHAPE, QUANTIZABLE}, arity=1, doc="x[begin:end:strides] per axis (positive strides)",
+         quant=SAME_AS_INPUT)
 
 
 def _te_slice_spec(a, shape):
@@ -445,6 +446,8 @@ def _broadcast_to_te(T, xs, a, out):
 #   ``in_scale / out_scale``.
 # - ``pad``: fills with the quantised pad value (the zero point for value 0).
 # - ``concat``: TFLite int8 requires every input to share the output's scale and zero point.
+# - ``transpose``, ``slice``: on the raw int8 values, quantisation kept (TFLite TRANSPOSE and
+#   STRIDED_SLICE); the model importers emit them (an NCHW input's transpose, LSTM gate slices).
 
 @defrule("reshape", "int8_ref")
 def reshape_int8(xs, attrs, in_types, out_type):
@@ -481,6 +484,18 @@ def pad_int8(xs, attrs, in_types, out_type):
     value = int(np.clip(fp.quantize_value(attrs["value"], so, zo), -128, 127))
     a = dict(attrs, value=float(value))
     return get_op("pad").ref(xs, a)
+
+
+def _data_movement_int8(op):
+    def rule(xs, attrs, in_types, out_type):
+        need_int8(in_types[0], "input", op)
+        same_quant(in_types[0], out_type, op)
+        return get_op(op).ref(xs, attrs)
+    return rule
+
+
+defrule("transpose", "int8_ref")(_data_movement_int8("transpose"))
+defrule("slice", "int8_ref")(_data_movement_int8("slice"))
 
 
 @defrule("concat", "int8_ref")

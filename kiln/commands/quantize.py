@@ -20,7 +20,7 @@ import numpy as np
 from kiln import quantize as Q
 from kiln.frontend import load_model, run as run_graph, save
 from kiln.frontend.errors import KilnError
-from kiln.quantize.graph_passes import with_batch
+from kiln.frontend.graph_passes import with_batch
 from kiln.frontend.ops.quant import quantize_array
 from kiln.samples import read_npz
 from kiln.training import digits, load_npz

@@ -69,7 +69,8 @@ def _default_help(field):
 
 def add_arguments(p):
     p.add_argument("--model", required=True, help="zoo model (ds-cnn, resnet8, mobilenet-v1-0.25, fc-autoencoder, "
-                   "digits-cnn) or a .py file defining model()")
+                   "digits-cnn), a .py file defining model(), or a float model file to fine-tune: a Kiln graph "
+                   ".json (e.g. from `kiln import`), an .onnx or a .pt2 (needs --data)")
     p.add_argument("--data", default=None, help="digits | synthetic | FILE.npz (default: the model's own dataset: "
                    "digits for digits-cnn, synthetic data for the MLPerf Tiny models)")
     p.add_argument("--loss", default=None, help="cross_entropy | nll | mse | mse_reconstruction | bce_with_logits "
@@ -164,7 +165,12 @@ def train(args):
         raise UsageError("--resume needs --out DIR (the folder holding checkpoint.npz)")
     seed = overrides.get("seed", 0)
     manual_seed(seed)
-    if args.model.endswith(".py") or os.path.sep in args.model:
+    if zoo.is_model_file(args.model):
+        entry, name = zoo.from_model_file(args.model), os.path.splitext(os.path.basename(args.model))[0]
+        if not args.data:
+            raise UsageError(f"{args.model} has no dataset of its own: give --data FILE.npz (x_train, y_train, "
+                             f"x_test, y_test) or --data synthetic")
+    elif args.model.endswith(".py") or os.path.sep in args.model:
         entry, name = zoo.load_user_model(args.model), os.path.splitext(os.path.basename(args.model))[0]
     else:
         entry, name = zoo.get(args.model), args.model

@@ -4,7 +4,7 @@ import pytest
 
 import kiln.frontend.module as M
 from kiln.frontend import TensorType, manual_seed, run, trace
-from kiln.quantize.graph_passes import fold_batchnorm, fold_constants, fuse_activations, prepare, with_batch
+from kiln.frontend.graph_passes import fold_batchnorm, fold_constants, fuse_activations, prepare, with_batch
 
 
 class ConvBNNet(M.Module):

@@ -8,7 +8,7 @@ from kiln.frontend import run
 import kiln.quantize.calibrate  # noqa: F401
 import sys
 cal = sys.modules["kiln.quantize.calibrate"]
-from kiln.quantize.graph_passes import with_batch
+from kiln.frontend.graph_passes import with_batch
 from kiln.quantize.ptq import QuantizationError, ptq, quantize_weights
 from kiln.quantize.tflite_export import export_tflite
 
@@ -17,7 +17,7 @@ from .litert_util import litert_run
 
 def assert_int8_form(q, g):
     """quantize -> the float graph's ops, all int8 -> dequantize."""
-    from kiln.quantize.graph_passes import prepare
+    from kiln.frontend.graph_passes import prepare
     ops = [n.op for n in q.nodes]
     assert ops[0] == "quantize" and ops[-1] == "dequantize"
     assert ops[1:-1] == [n.op for n in prepare(g).nodes]

@@ -4,7 +4,7 @@ import pytest
 
 from kiln.autodiff import grad
 from kiln.frontend import Graph, TensorType, run
-from kiln.quantize.graph_passes import with_batch
+from kiln.frontend.graph_passes import with_batch
 from kiln.frontend.ops.quant import dequantize_array, fake_quant_array, quantize_array
 from kiln.quantize.qat import FakeQuantModule, qat
 

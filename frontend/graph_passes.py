@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.frontend.errors import GraphError
-from kiln.frontend.graph import Graph, Node
-from kiln.frontend.registry import get_op
-from kiln.frontend.types import TensorType
+from .errors import GraphError
+from .graph import Graph, Node
+from .rebatch import rebatch_attrs
+from .registry import get_op
+from .types import TensorType
 
 
 def _reindex(g):
@@ -166,8 +167,8 @@ def prepare(g: Graph) -> Graph:
 
 
 def with_batch(g: Graph, n: int) -> Graph:
-    """The same graph for batch ``n`` (leading dimension of inputs and activations; reshape
-    targets follow). Lets calibration and evaluation run many samples per call."""
+    """The same graph for batch ``n`` (leading dimension of inputs and activations; reshape and
+    broadcast targets and batch-axis slice bounds follow). Lets calibration and evaluation run many samples per call."""
     B = g.types[g.inputs[0]].shape[0] if g.inputs and g.types[g.inputs[0]].shape else None
     if B is None or B == n:
         return g
@@ -181,9 +182,6 @@ def with_batch(g: Graph, n: int) -> Graph:
         h.types[v] = rb(h.types[v])
     nodes = []
     for x in h.nodes:
-        a = dict(x.attrs)
-        if x.op == "reshape" and a["shape"] and a["shape"][0] == B:
-            a["shape"] = [n] + list(a["shape"][1:])
-        nodes.append(Node(x.name, x.op, list(x.inputs), a))
+        nodes.append(Node(x.name, x.op, list(x.inputs), dict(rebatch_attrs(x.op, x.attrs, B, n))))
     h.nodes = nodes
     return _reindex(h)
