@@ -12,7 +12,8 @@ caller gives into it, naming an unknown option and the known ones.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from kiln.frontend.errors import UsageError
 

@@ -74,7 +74,7 @@ class CBackend:
         ``optimize``: "size" (int8 weights everywhere, the default) or "speed" (int16-packed
         weights for layers up to schedules.W16_MAX_BYTES: fewer instructions, more flash). More
         RAM than ``ram_budget`` fails with pipeline.BudgetError."""
-        from . import pipeline   # TVM: imported when a model is compiled
+        from . import pipeline  # TVM: imported when a model is compiled
         o = parse_options(self, options)
         t0 = time.time()
         out_dir = o.out_dir if o.out_dir is not None else tempfile.mkdtemp(prefix="kiln_pkg_")

@@ -36,9 +36,18 @@ from kiln.frontend.graph import Graph
 from kiln.frontend.types import TensorType
 
 from . import planner, tvm_te
-from .cuda_plan import (ALIGN, DTYPES, check_package, check_plan, expand_inputs, from_storage,  # noqa: F401
-                        interpret_plan, load_manifest, to_storage)
-from .manifest import CUDA_FORMAT, Arg, ArenaBuffer, Launch, Manifest, Step, Tensor, save_manifest
+from .cuda_plan import (  # noqa: F401
+    ALIGN,
+    DTYPES,
+    check_package,
+    check_plan,
+    expand_inputs,
+    from_storage,
+    interpret_plan,
+    load_manifest,
+    to_storage,
+)
+from .manifest import CUDA_FORMAT, ArenaBuffer, Arg, Launch, Manifest, Step, Tensor, save_manifest
 
 FORMAT = CUDA_FORMAT
 RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")

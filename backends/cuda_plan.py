@@ -14,7 +14,8 @@ import numpy as np
 from kiln.frontend.errors import KilnError
 
 from . import planner, tvm_te
-from .manifest import CUDA_FORMAT, FILE, Manifest, load_manifest as _load
+from .manifest import CUDA_FORMAT, FILE, Manifest
+from .manifest import load_manifest as _load
 
 ALIGN = 256
 DTYPES = ("float32", "float16", "bfloat16")
@@ -133,7 +134,7 @@ def interpret_plan(pkg, inputs, params=None, poison=True):
     in plan order. The arena starts filled with NaN bytes (``poison``) so a step that reads a
     buffer nobody wrote, or one clobbered by a wrongly shared slot, shows up as NaN. Returns the
     outputs as float32/NumPy arrays."""
-    import tvm   # TVM: builds each step for the CPU
+    import tvm  # TVM: builds each step for the CPU
     m = load_manifest(pkg)
     with open(os.path.join(pkg, "groups.json")) as f:
         tir_mod = tvm.ir.load_json(f.read())

@@ -80,7 +80,7 @@ def render(out_dir, *, model_name, target, kernels, commands, consts, plan, inpu
     """Write model.h, model.c, kernels.c, kiln_cmd.h and kiln_intrinsics.h; ``inputs``/``outputs``
     are manifest Tensors. Returns the bytes of constant data (weights, tables)."""
     os.makedirs(out_dir, exist_ok=True)
-    import tvm   # TVM: only its version string, for the generated files' header
+    import tvm  # TVM: only its version string, for the generated files' header
     ctx = dict(version=__version__, target=target, model=model_name, tvm_version=tvm.__version__,
                optimize=optimize)
     max_io = max([len(c["offs"]) for c in commands] + [1])

@@ -173,7 +173,7 @@ class Manifest:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = FILE) -> "Manifest":
+    def from_dict(cls, d: dict, where: str = FILE) -> Manifest:
         """Parse a manifest.json object; raises ManifestError naming ``where`` and the key."""
         try:
             return _parse(cls, d)

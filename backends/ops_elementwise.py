@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from kiln.frontend.registry import get_op
 from kiln.frontend.ops.elementwise import ADD_LEFT_SHIFT, add_params, mul_params
+from kiln.frontend.registry import get_op
 
 from . import qmath
 from .lower import lower_rule

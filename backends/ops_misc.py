@@ -5,15 +5,18 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from kiln.frontend.ops import norm_axes
 from kiln.frontend import fixedpoint as fp
-from kiln.frontend.ops.reduce_shape import (SOFTMAX_ACCUMULATION_INTEGER_BITS, SOFTMAX_SCALED_DIFF_INTEGER_BITS,
-                                            softmax_params)
-from kiln.frontend.ops.reduce_shape import mean_params
+from kiln.frontend.ops import norm_axes
+from kiln.frontend.ops.reduce_shape import (
+    SOFTMAX_ACCUMULATION_INTEGER_BITS,
+    SOFTMAX_SCALED_DIFF_INTEGER_BITS,
+    mean_params,
+    softmax_params,
+)
 
 from . import gemmlowp, inplace, qmath
-from .ops_elementwise import int8_table
 from .lower import decompose_reductions, lower_rule, lower_te
+from .ops_elementwise import int8_table
 from .qmath import c
 
 F32 = "float32"

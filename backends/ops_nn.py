@@ -8,9 +8,8 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from kiln.frontend.ops.nn import conv_geometry, pool_geometry
 from kiln.frontend.ops.int8util import channel_params, per_tensor
-from kiln.frontend.ops.nn import fc_effective_scales, fc_requant_constants
+from kiln.frontend.ops.nn import conv_geometry, fc_effective_scales, fc_requant_constants, pool_geometry
 
 from . import qmath, schedules
 from .lower import lower_rule

@@ -45,7 +45,7 @@ class LlvmHostBackend:
 
     def compile(self, graph, options=None):
         """A llvm_host.CompiledGraph (the package, kept in memory; cached on disk by structure)."""
-        from . import llvm_host   # TVM
+        from . import llvm_host  # TVM
         o = parse_options(self, options)
         return llvm_host.compile(float_graph(graph, self.name), cache=o.cache, with_updates=o.with_updates,
                                  num_threads=o.num_threads)
@@ -81,7 +81,7 @@ class CudaPackage:
     def runner(self):
         """The GPU runner (cuda_runner.CudaRunner), made on first use."""
         if self._runner is None:
-            from .cuda_runner import CudaRunner   # CuPy
+            from .cuda_runner import CudaRunner  # CuPy
             self._runner = CudaRunner(self.path)
             if self.capture:
                 self._runner.capture()
@@ -102,7 +102,7 @@ class CudaPackage:
     def run(self, *inputs, feeds=None, params=None):
         xs = self._inputs(inputs, feeds)
         if self.interpret:
-            from .cuda_plan import interpret_plan   # TVM
+            from .cuda_plan import interpret_plan  # TVM
             return interpret_plan(self.path, xs, params=self._weights(params) or None)
         if params:
             self.runner.set_params(self._weights(params))
@@ -122,7 +122,7 @@ class CudaBackend:
     Options = CudaOptions
 
     def compile(self, graph, options=None) -> CudaPackage:
-        from . import cuda   # TVM
+        from . import cuda  # TVM
         o = parse_options(self, options)
         g = float_graph(graph, self.name)
         out = o.out_dir or tempfile.mkdtemp(prefix="kiln-cuda-")
@@ -130,10 +130,10 @@ class CudaBackend:
         return self.load(out, interpret=o.interpret, capture=o.capture)
 
     def load(self, path, interpret=False, capture=False) -> CudaPackage:
-        from .cuda_plan import load_manifest   # TVM (dropout masks)
+        from .cuda_plan import load_manifest  # TVM (dropout masks)
         return CudaPackage(os.fspath(path), load_manifest(path), interpret, capture)
 
     def check_available(self, arch="sm_90"):
         """Raise cuda_runner.CudaUnavailable saying what was found when no GPU can run packages."""
-        from .cuda_runner import probe   # CuPy
+        from .cuda_runner import probe  # CuPy
         probe(arch)

@@ -179,7 +179,7 @@ def _void_unused_params(lines):
         return lines
     body = "\n".join(lines[1:])
     names = [a.rpartition(" ")[2].lstrip("*") for a in m.group(1).split(", ") if a.strip()]
-    unused = [n for n in names if not re.search(r"\b%s\b" % re.escape(n), body)]
+    unused = [n for n in names if not re.search(rf"\b{re.escape(n)}\b", body)]
     return [lines[0]] + [f"  (void){n};" for n in unused] + lines[1:]
 
 
@@ -193,7 +193,7 @@ def _drop_unused_locals(lines):
         keep = []
         for ln in lines:
             m = _DECL.match(ln)
-            if m and len(re.findall(r"\b%s\b" % re.escape(m.group(1)), text)) == 1:
+            if m and len(re.findall(rf"\b{re.escape(m.group(1))}\b", text)) == 1:
                 changed = True
                 continue
             keep.append(ln)

@@ -15,6 +15,8 @@ import hashlib
 import json
 
 import numpy as np
+import tvm
+from tvm import te, tirx
 
 from kiln.frontend import ops as _ops  # noqa: F401  (fills the registry)
 from kiln.frontend.graph import Graph, Node
@@ -22,9 +24,6 @@ from kiln.frontend.ops import _te as T
 from kiln.frontend.ops.nn import dropout_mask
 from kiln.frontend.registry import OPS, get_op
 from kiln.frontend.types import TensorType
-
-import tvm
-from tvm import te, tirx
 
 
 # ---- whole graphs -----------------------------------------------------------------------------

@@ -18,7 +18,14 @@ import time
 
 import numpy as np
 
-from kiln.docs_util import add_shared_argument, add_write_argument, script_main, shared_models, write_path, write_section
+from kiln.docs_util import (
+    add_shared_argument,
+    add_write_argument,
+    script_main,
+    shared_models,
+    write_path,
+    write_section,
+)
 
 MODELS = {  # model: (label, TFLM CMSIS-NN arena, microTVM USMP workspace) from docs/BASELINES.md
     "kws_ref_model": ("keyword spotting DS-CNN", 22820, 17232),

@@ -130,6 +130,7 @@ def main(argv=None):
                    help="keep the temporary folder with the CUDA packages (removed by default)")
     a = p.parse_args(argv)
     import torch
+
     from kiln.backends.cuda_runner import probe
     cupy, cc = probe(a.arch or "sm_50")
     arch = a.arch or f"sm_{cc}"

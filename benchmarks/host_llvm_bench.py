@@ -39,6 +39,7 @@ def median_ms(f, n, warmup=2):
 def bench_model(name, batch, threads, iters, numpy_iters=2):
     import torch
     import torch_graph
+
     from kiln.backends import llvm_host
     from kiln.frontend import executor
     from kiln.training import zoo

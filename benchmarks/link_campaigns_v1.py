@@ -13,16 +13,28 @@ Resets go through QEMU's QMP socket (v1's Qemu has none: the command line is ext
 the targeted scenarios are set off by wrapping the v1 Device's write/read (v1's proxy has no
 frame triggers). Trials are classified as in kiln.boards.campaign.
 """
-import json, os, pathlib, random, socket, sys, threading, time, traceback
+import json
+import os
+import pathlib
+import random
+import socket
+import sys
+import threading
+import time
+import traceback
+
 import kiln
+
 sys.path.insert(0, str(pathlib.Path(kiln.__file__).resolve().parents[2] / "tests" / "firmware" / "fixtures"))
-import numpy as np
 import make_tiny_dense as tiny
+import numpy as np
+
 import kiln.boards.qemu as Q
 from kiln.boards.device import Device, DeviceError
+from kiln.boards.protocol import VERSION
 from kiln.boards.proxy import FaultProxy
 from kiln.firmware import build
-from kiln.boards.protocol import VERSION
+
 assert VERSION == 1, "run this with the v1 export on PYTHONPATH (see the docstring)"
 
 orig_command = Q.command
@@ -64,7 +76,7 @@ if which == "random":
     with Q.Qemu(img, reboot=True) as q, FaultProxy(q.port, seed=6) as px:
         dev = Device.open(px.url, timeout=0.5); qmp = Qmp(os.environ["QMP"])
         outs, t0 = [], time.monotonic()
-        for k in range(n):
+        for _k in range(n):
             x = bytes(rng.randrange(256) for _ in range(640))
             delay, lose = rng.uniform(0, 0.08), rng.random() < 0.5
             def inject():
@@ -87,8 +99,8 @@ elif which == "targeted":
     with Q.Qemu(img, reboot=True) as q, FaultProxy(q.port, seed=5) as px:
         dev = Device.open(px.url, timeout=0.5, chunk=256); qmp = Qmp(os.environ["QMP"])
         outs, t0 = [], time.monotonic()
-        for r in range(int(sys.argv[2])):
-            for i, (name, t, direction, nth, lose) in enumerate(scen):
+        for _r in range(int(sys.argv[2])):
+            for name, t, direction, nth, lose in scen:
                 x = bytes(rng.randrange(256) for _ in range(640))
                 state = {"n": nth, "done": False}
                 def act():
@@ -124,7 +136,7 @@ elif which == "noisy":
             t0 = time.monotonic()
             try:
                 dev = Device.open(px.url)
-                for k in range(10):
+                for _k in range(10):
                     x = bytes(rng.randrange(256) for _ in range(640))
                     outs.append(trial(lambda: dev.run(x)[0], ref(x), hard=300))
             except DeviceError:

@@ -20,7 +20,14 @@ import time
 
 import numpy as np
 
-from kiln.docs_util import add_shared_argument, add_write_argument, script_main, shared_models, write_path, write_section
+from kiln.docs_util import (
+    add_shared_argument,
+    add_write_argument,
+    script_main,
+    shared_models,
+    write_path,
+    write_section,
+)
 from kiln.errors import UsageError
 
 PTQ_TARGET_PP, QAT_TARGET_PP = 1.0, 0.3
@@ -29,6 +36,7 @@ PTQ_TARGET_PP, QAT_TARGET_PP = 1.0, 0.3
 def litert_mismatches(q, data, xs):
     """How many samples' LiteRT (BUILTIN_REF) outputs differ from Kiln's int8 reference."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
     from kiln.frontend import run
     it = Interpreter(model_content=data, experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
     it.allocate_tensors()

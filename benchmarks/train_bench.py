@@ -91,6 +91,7 @@ def time_torch(tmodel, loss_name, iters, x, y):
 
 def check_twin(zm, tmodel, x):
     import torch
+
     from kiln.frontend import run, trace
     zm.module.eval()
     tmodel.eval()
@@ -103,6 +104,7 @@ def check_twin(zm, tmodel, x):
 
 def bench_steps(batch, iters, names):
     import torch
+
     from kiln import frontend as kf
     from kiln.training import zoo
     rows = []
@@ -143,6 +145,7 @@ def bench_digits(seeds):
 
 def render(digits, steps, args, cmd):
     import torch
+
     from kiln.training.demo import DIGITS_RECIPE as R
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines = [SECTION, "",

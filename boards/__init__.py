@@ -13,11 +13,12 @@ module only loads board data.
 from __future__ import annotations
 
 import tomllib
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
-from .schema import Board, BoardError, FlashMethod, Qemu, Region, RegWrite, Uart, validate
 from kiln.common.cores import CORES, Core
+
+from .schema import Board, BoardError, FlashMethod, Qemu, Region, RegWrite, Uart, validate
 
 BOARD_DIR = Path(__file__).resolve().parent
 
@@ -46,7 +47,7 @@ def board_names() -> list[str]:
     return sorted(p.stem for p in BOARD_DIR.glob("*.toml"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(name: str) -> Board:
     """Load the board called ``name`` (a file ``boards/<name>.toml``)."""
     path = BOARD_DIR / f"{name}.toml"

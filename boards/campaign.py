@@ -21,9 +21,9 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
 
 from .device import Device, IOSpec
 from .errors import DeviceError
@@ -64,7 +64,7 @@ class Tally:
             if k != "chunk":
                 self.link[k] = self.link.get(k, 0) + v
 
-    def merge(self, other: "Tally") -> None:
+    def merge(self, other: Tally) -> None:
         for k in OUTCOMES:
             self.counts[k] += other.counts[k]
         self.seconds += other.seconds
@@ -187,7 +187,7 @@ def reset_campaign(image, reference: Reference, input_sizes: Sequence[int],
     with _qemu(image, reboot=True, qmp=True) as q, FaultProxy(q.port, seed=seed) as px:
         dev = _qemu_device(q, px, (tuple(input_sizes), tuple(output_sizes)), timeout=0.5)
         try:
-            for k in range(trials):
+            for _k in range(trials):
                 xs = random_inputs(input_sizes, rng.randrange(1 << 30))
                 delay, lose = rng.uniform(0, max_delay), rng.random() < boot_loss
 

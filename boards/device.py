@@ -29,15 +29,35 @@ from __future__ import annotations
 import os
 import struct
 import time
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
-from .errors import (DeviceError, DeviceFault, DeviceMismatch, DeviceProtocolError, DeviceReset,
-                     DeviceTimeout, DeviceVersionError)
+from .errors import (
+    DeviceError,
+    DeviceFault,
+    DeviceMismatch,
+    DeviceProtocolError,
+    DeviceReset,
+    DeviceTimeout,
+    DeviceVersionError,
+)
 from .link import Link, Stats
-from .protocol import (MAX_COMMANDS, MAX_IO_BYTES, MAX_PAYLOAD, MIN_PAYLOAD, VERSION, Hello, Info,
-                       InvokeResult, ProfileChunk, ProtocolError, StackInfo, T, crc32)
+from .protocol import (
+    MAX_COMMANDS,
+    MAX_IO_BYTES,
+    MAX_PAYLOAD,
+    MIN_PAYLOAD,
+    VERSION,
+    Hello,
+    Info,
+    InvokeResult,
+    ProfileChunk,
+    ProtocolError,
+    StackInfo,
+    T,
+    crc32,
+)
 
 __all__ = ["Device", "DeviceError", "DeviceTimeout", "DeviceFault", "DeviceProtocolError",
            "DeviceReset", "DeviceVersionError", "DeviceMismatch", "IOSpec", "Profile", "Stats"]
@@ -115,7 +135,7 @@ class Device:
 
     # ---- connection ----------------------------------------------------------------------
     @classmethod
-    def open(cls, url: str, **kw) -> "Device":
+    def open(cls, url: str, **kw) -> Device:
         dev = cls(url, **kw)
         dev.connect()
         return dev
@@ -129,7 +149,7 @@ class Device:
     def close(self) -> None:
         self._link.close()
 
-    def __enter__(self) -> "Device":
+    def __enter__(self) -> Device:
         if self._link.port is None:
             self.connect()
         return self

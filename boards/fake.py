@@ -23,11 +23,10 @@ import select
 import socket
 import struct
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
-from .protocol import (MAX_PAYLOAD, REPLY, VERSION, Decoder, Frame, Info, NakError, T, crc32,
-                       encode)
+from .protocol import MAX_PAYLOAD, REPLY, VERSION, Decoder, Frame, Info, NakError, T, crc32, encode
 
 MODES = {
     "ok": "a well-behaved board",
@@ -352,7 +351,7 @@ class FakeBoard:
         except OSError:
             pass
 
-    def __enter__(self) -> "FakeBoard":
+    def __enter__(self) -> FakeBoard:
         return self
 
     def __exit__(self, *exc) -> None:

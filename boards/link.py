@@ -13,14 +13,27 @@ a :class:`LinkState` kept per URL, so a later Device on the same port starts fro
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import serial
 
 from .errors import DeviceError, DeviceFault, DeviceProtocolError, DeviceReset, DeviceTimeout
-from .protocol import (REPLY, RETRANSMIT_NAKS, Boot, Decoder, Fault, Frame, Nak, NakError,
-                       ProtocolError, T, encode, split_session, type_name)
+from .protocol import (
+    REPLY,
+    RETRANSMIT_NAKS,
+    Boot,
+    Decoder,
+    Fault,
+    Frame,
+    Nak,
+    NakError,
+    ProtocolError,
+    T,
+    encode,
+    split_session,
+    type_name,
+)
 
 
 @dataclass

@@ -211,7 +211,7 @@ class Hello:
     boot_count: int
 
     @classmethod
-    def unpack(cls, p: bytes) -> "Hello":
+    def unpack(cls, p: bytes) -> Hello:
         _need("HELLO reply", p, 2, exact=False)
         (version,) = struct.unpack_from("<H", p, 0)
         # a board of another version may append fields: check the length only for ours
@@ -226,7 +226,7 @@ class Boot:
     boot_count: int
 
     @classmethod
-    def unpack(cls, p: bytes) -> "Boot":
+    def unpack(cls, p: bytes) -> Boot:
         _need("BOOT frame", p, 6)
         return cls(*struct.unpack_from("<HI", p, 0))
 
@@ -254,7 +254,7 @@ class Info:
     output_sizes: tuple[int, ...] = ()
 
     @classmethod
-    def unpack(cls, p: bytes) -> "Info":
+    def unpack(cls, p: bytes) -> Info:
         """p: the INFO reply without its session."""
         _need("INFO reply", p, INFO_FIXED.size, exact=False)
         vals = INFO_FIXED.unpack_from(p, 0)
@@ -303,7 +303,7 @@ class InvokeResult:
     invocation: int = 0
 
     @classmethod
-    def unpack(cls, p: bytes) -> "InvokeResult":
+    def unpack(cls, p: bytes) -> InvokeResult:
         """p: the INVOKE reply without its session."""
         _need("INVOKE reply", p, INVOKE_REPLY.size)
         inv, rc, ticks, hz, kind, marks = INVOKE_REPLY.unpack(p)
@@ -326,7 +326,7 @@ class ProfileChunk:
     stamps: tuple[int, ...]
 
     @classmethod
-    def unpack(cls, p: bytes) -> "ProfileChunk":
+    def unpack(cls, p: bytes) -> ProfileChunk:
         """p: the GET_PROFILE reply without its session."""
         _need("GET_PROFILE reply", p, PROFILE_HEAD.size, exact=False)
         inv, first, count, total, marks = PROFILE_HEAD.unpack_from(p, 0)
@@ -341,7 +341,7 @@ class StackInfo:
     base: int
 
     @classmethod
-    def unpack(cls, p: bytes) -> "StackInfo":
+    def unpack(cls, p: bytes) -> StackInfo:
         _need("GET_STACK reply", p, 12)
         return cls(*struct.unpack("<3I", p))
 
@@ -357,7 +357,7 @@ class Nak:
     request: int
 
     @classmethod
-    def unpack(cls, p: bytes) -> "Nak":
+    def unpack(cls, p: bytes) -> Nak:
         _need("NAK frame", p, 6)
         return cls(*struct.unpack("<IBB", p))
 
@@ -385,7 +385,7 @@ class Fault:
     sp: int
 
     @classmethod
-    def unpack(cls, p: bytes) -> "Fault":
+    def unpack(cls, p: bytes) -> Fault:
         _need("FAULT frame", p, 48)
         return cls(*struct.unpack_from("<12I", p, 0))
 

@@ -20,8 +20,8 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .protocol import Decoder, Frame
 
@@ -246,7 +246,7 @@ class FaultProxy:
                 except OSError:
                     pass
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -76,7 +76,7 @@ def command(board: Board, elf: str | Path, port: int, *, icount_shift: int | Non
     return cmd
 
 
-_live: "weakref.WeakSet[Qemu]" = weakref.WeakSet()
+_live: weakref.WeakSet[Qemu] = weakref.WeakSet()
 
 
 @atexit.register
@@ -124,7 +124,7 @@ class Qemu:
     def url(self) -> str:
         return f"socket://127.0.0.1:{self.port}"
 
-    def start(self) -> "Qemu":
+    def start(self) -> Qemu:
         for _ in range(5):
             self.port = free_port()
             cmd = command(self.board, self.elf, self.port, icount_shift=self.icount_shift,
@@ -269,7 +269,7 @@ class Qemu:
     def returncode(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
-    def __enter__(self) -> "Qemu":
+    def __enter__(self) -> Qemu:
         if self.proc is None:
             self.start()
         return self

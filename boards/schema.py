@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln.common.errors import KilnError
-
 from kiln.common.cores import CORES, Core
+from kiln.common.errors import KilnError
 
 UART_KINDS = ("cmsdk", "stm32-usart", "nrf-uarte", "rp2040-pl011")
 FPU_KINDS = ("none", "sp", "dp")
@@ -112,7 +111,7 @@ class Board:
         """GCC -mcpu/-mthumb/-mfpu/-mfloat-abi for this board."""
         return self.core_info.cflags(self.fpu)
 
-    def replace(self, **changes: Any) -> "Board":
+    def replace(self, **changes: Any) -> Board:
         return dataclasses.replace(self, **changes)
 
 

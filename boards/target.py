@@ -8,8 +8,8 @@ The same test code runs against all three; only how the board is reached differs
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from .device import Device
 from .flash import flash as flash_image

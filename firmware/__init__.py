@@ -6,8 +6,7 @@ Public API:
     build_fuzzer(out_dir) -> Path; run_fuzzer(exe, iterations, seed) -> dict
     check_no_malloc(elf) -> None               # raises if malloc/free/_sbrk are linked
 """
-from .build import (DRIVERS, FIRMWARE_DIR, FirmwareError, Image, ImageTooLarge, build,
-                    read_symbols, render, size_report)
+from .build import DRIVERS, FIRMWARE_DIR, FirmwareError, Image, ImageTooLarge, build, read_symbols, render, size_report
 from .fuzzing import build_fuzzer, run_fuzzer
 from .plugin import build_plugin, plugin_path
 from .sizes import SizeReport

@@ -1,16 +1,45 @@
 """Kiln's frontend: the typed graph IR, the op registry, tracing, Modules, serialisation and the
 NumPy reference executor."""
-from . import ops  # noqa: F401  (fills the registry)
-from . import functional
-from .errors import (GraphError, KilnError, LimitError, NumericsError, OutputError, SerializationError,
-                     ShapeError, TraceError, UsageError)
+from . import (
+                     functional,
+                     ops,  # noqa: F401  (fills the registry)
+)
+from .errors import (
+                     GraphError,
+                     KilnError,
+                     LimitError,
+                     NumericsError,
+                     OutputError,
+                     SerializationError,
+                     ShapeError,
+                     TraceError,
+                     UsageError,
+)
 from .executor import RunStats, run, run_updates
 from .graph import Graph, Node
+from .graph_module import GraphModule
 from .limits import LIMITS, limits, set_limits
 from .loader import load_model
-from .graph_module import GraphModule
-from .module import (AvgPool2d, BatchNorm1d, BatchNorm2d, Buffer, Conv1d, Conv2d, Dropout, Flatten, GlobalAvgPool,
-                     Linear, MaxPool2d, Module, Parameter, ReLU, ReLU6, Sequential, eager, manual_seed)
+from .module import (
+                     AvgPool2d,
+                     BatchNorm1d,
+                     BatchNorm2d,
+                     Buffer,
+                     Conv1d,
+                     Conv2d,
+                     Dropout,
+                     Flatten,
+                     GlobalAvgPool,
+                     Linear,
+                     MaxPool2d,
+                     Module,
+                     Parameter,
+                     ReLU,
+                     ReLU6,
+                     Sequential,
+                     eager,
+                     manual_seed,
+)
 from .registry import OPS, OpDef, get_op
 from .serialize import load, save
 from .tensor import Tensor, constant

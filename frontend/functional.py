@@ -9,8 +9,8 @@ import threading
 
 import numpy as np
 
-from .tensor import Tensor, as_tensor, constant, current_graph, user_location  # noqa: F401
 from .errors import TraceError
+from .tensor import Tensor, as_tensor, constant, current_graph, user_location  # noqa: F401
 
 
 def _graph_of(args):

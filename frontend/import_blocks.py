@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from .import_layout import Builder, ImportError_, Layout, V, channels_last, inverse, linear_columns
+from .import_layout import Builder, ImportError_, Layout, V
 
 NUMPY_OPS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "maximum": np.maximum,
              "minimum": np.minimum, "greater_equal": np.greater_equal, "greater": np.greater, "less": np.less,

@@ -8,13 +8,12 @@ framework's parameter name (docs/import.md lists the layouts).
 from __future__ import annotations
 
 import hashlib
-import math
 
 import numpy as np
 
 from . import import_blocks as B
 from .import_blocks import UnsupportedError
-from .import_layout import Builder, Layout, V, channels_last, inverse, linear_columns
+from .import_layout import Builder, Layout, V, channels_last, linear_columns
 
 
 def pad_pairs(pads, nsp):
@@ -223,7 +222,6 @@ def reduce(b: Builder, op, x: V, axes, keepdims=False):
 
 
 def upsample_nearest(b: Builder, x: V, scales):
-    nsp = x.rank - 2
     sc = [float(s) for s in scales]
     if any(s != int(s) or s < 1 for s in sc):
         raise UnsupportedError(f"nearest upsampling by {scales}: Kiln imports whole-number scale factors")

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import import_blocks as B
 from .import_blocks import UnsupportedError
-from .import_layout import Builder, Layout, V
+from .import_layout import Builder, V
 
 
 def _state(b, s, index, n, h):

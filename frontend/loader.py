@@ -13,8 +13,8 @@ import os
 
 from .errors import SerializationError
 from .graph import Graph
+from .onnx_import import load_onnx  # onnx and torch themselves are imported when a file needs them
 from .serialize import load
-from .onnx_import import load_onnx      # onnx and torch themselves are imported when a file needs them
 from .tflite_import import load_tflite
 from .torch_import import load_pt2
 

@@ -11,7 +11,8 @@ count. A missing rule raises a ``NotImplementedError`` naming the rule and the o
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .errors import GraphError
 

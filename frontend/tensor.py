@@ -148,7 +148,7 @@ class Tensor:
     def __le__(self, o): return F.less_equal(self, o)
     def __gt__(self, o): return F.greater(self, o)
     def __ge__(self, o): return F.greater_equal(self, o)
-    def __eq__(self, o): return F.equal(self, o)      # noqa: elementwise, like NumPy
+    def __eq__(self, o): return F.equal(self, o)      # elementwise, like NumPy
     def __ne__(self, o): return F.not_equal(self, o)
     def __getitem__(self, idx): return F.getitem(self, idx)
 
@@ -186,7 +186,7 @@ class Tensor:
 
 def as_tensor(x, like: Tensor | None = None, graph: Graph | None = None) -> Tensor:
     """Turn a Tensor, Parameter, NumPy array or Python scalar into a Tensor of the current graph."""
-    from .module import Parameter, Buffer
+    from .module import Buffer, Parameter
     if isinstance(x, Tensor):
         return x
     g = graph or (like.graph if like is not None else current_graph())

@@ -37,8 +37,7 @@ from . import tflite_checks as chk
 from .errors import KilnError, ShapeError
 from .graph import Graph
 from .limits import check as check_limit
-from .registry import get_op
-from .registry import TFLITE_IMPORTERS
+from .registry import TFLITE_IMPORTERS, get_op
 from .tflite_verify import TFLiteImportError, verify
 from .types import TensorType
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import operator
 
-import numpy as np
-
 from . import import_blocks as B
 from . import import_nn as NN
 from .import_blocks import UnsupportedError

@@ -140,7 +140,7 @@ def _all_const_inputs(node, ep):
 
 
 def _decompose(ep, bad):
-    torch = torch_module()
+    torch_module()             # a clear error when torch is missing
     from torch._decomp import core_aten_decompositions
     table = core_aten_decompositions()
     want = {n.target for n in bad}

@@ -7,7 +7,7 @@ from . import ops  # noqa: F401
 from .errors import TraceError
 from .graph import Graph
 from .module import Module
-from .tensor import Tensor, building, user_location
+from .tensor import Tensor, building
 from .types import TensorType
 
 
@@ -35,7 +35,7 @@ def trace(fn, *example_inputs, name=None, input_names=None) -> Graph:
     with building(g, names):
         if isinstance(fn, Module):
             from .tensor import as_tensor
-            for pname, p in fn.named_parameters() + fn.named_buffers():
+            for _pname, p in fn.named_parameters() + fn.named_buffers():
                 as_tensor(p)
         args = [Tensor(g, g.add_input(n, _input_type(x))) for n, x in zip(input_names, example_inputs)]
         out = fn(*args)

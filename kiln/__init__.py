@@ -10,19 +10,64 @@ Public API (see README.md):
     kiln.from_torch(module, example_inputs) / kiln.load_model(path: .pt2 .onnx .tflite .json)
     kiln.eager()                                                 (run ops on arrays, no tracing)
 """
-from kiln.common.version import __version__  # noqa: E402,F401
-
-from kiln.frontend import (Graph, KilnError, TensorType, QParams, load, run, save, trace,  # noqa: E402,F401
-                           set_limits, limits)
-from kiln.frontend import functional as F  # noqa: E402
-from kiln.frontend import load_model  # noqa: E402,F401
-from kiln.frontend.functional import eager  # noqa: E402,F401
-from kiln.frontend.torch_import import from_torch  # noqa: E402,F401
-from kiln.frontend.functional import (add, sub, mul, div, neg, exp, log, sqrt, tanh, sigmoid, relu,  # noqa: E402,F401
-                                      relu6, maximum, minimum, pow, where, equal, not_equal, less,
-                                      less_equal, greater, greater_equal, matmul, dense, conv2d,
-                                      avg_pool2d, max_pool2d, sum, mean, max, reshape, transpose,
-                                      concat, pad, broadcast_to, softmax, log_softmax, cast, constant)
-from kiln.autodiff import check_grads, checkpoint, grad, hvp, jvp, vjp  # noqa: E402,F401
 from kiln import nn  # noqa: E402,F401
+from kiln.autodiff import check_grads, checkpoint, grad, hvp, jvp, vjp  # noqa: E402,F401
+from kiln.common.version import __version__  # noqa: E402,F401
+from kiln.frontend import (  # noqa: E402,F401
+                           Graph,
+                           KilnError,
+                           QParams,
+                           TensorType,
+                           limits,
+                           load,
+                           load_model,  # noqa: E402,F401
+                           run,
+                           save,
+                           set_limits,
+                           trace,
+)
+from kiln.frontend import functional as F  # noqa: E402
+from kiln.frontend.functional import (  # noqa: E402,F401
+                           add,
+                           avg_pool2d,
+                           broadcast_to,
+                           cast,
+                           concat,
+                           constant,
+                           conv2d,
+                           dense,
+                           div,
+                           eager,  # noqa: E402,F401
+                           equal,
+                           exp,
+                           greater,
+                           greater_equal,
+                           less,
+                           less_equal,
+                           log,
+                           log_softmax,
+                           matmul,
+                           max,
+                           max_pool2d,
+                           maximum,
+                           mean,
+                           minimum,
+                           mul,
+                           neg,
+                           not_equal,
+                           pad,
+                           pow,
+                           relu,
+                           relu6,
+                           reshape,
+                           sigmoid,
+                           softmax,
+                           sqrt,
+                           sub,
+                           sum,
+                           tanh,
+                           transpose,
+                           where,
+)
+from kiln.frontend.torch_import import from_torch  # noqa: E402,F401
 from kiln.training_backends import step_compiler  # noqa: E402,F401

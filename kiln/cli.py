@@ -12,8 +12,8 @@ import sys
 
 import numpy as np
 
-from kiln.common.version import __version__
 from kiln.common.errors import CheckFailed, KilnError
+from kiln.common.version import __version__
 
 COMMANDS = {
     "demo": "train, quantise, compile and run the digits CNN on an emulated board; write a report",

@@ -1,6 +1,23 @@
 """Module API and layers (re-exported from kiln.frontend.module), GraphModule (a graph as a Module)
 and eager execution."""
 from kiln.frontend.graph_module import GraphModule  # noqa: F401
-from kiln.frontend.module import (AvgPool2d, BatchNorm1d, BatchNorm2d, Buffer, Conv1d, Conv2d, Dropout,  # noqa: F401
-                                  Flatten, GlobalAvgPool, Linear, MaxPool2d, Module, Parameter, ReLU, ReLU6,
-                                  Sequential, eager, manual_seed)
+from kiln.frontend.module import (  # noqa: F401
+                                  AvgPool2d,
+                                  BatchNorm1d,
+                                  BatchNorm2d,
+                                  Buffer,
+                                  Conv1d,
+                                  Conv2d,
+                                  Dropout,
+                                  Flatten,
+                                  GlobalAvgPool,
+                                  Linear,
+                                  MaxPool2d,
+                                  Module,
+                                  Parameter,
+                                  ReLU,
+                                  ReLU6,
+                                  Sequential,
+                                  eager,
+                                  manual_seed,
+)

@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import os
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

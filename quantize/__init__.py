@@ -12,9 +12,10 @@
 """
 from kiln.frontend import fixedpoint  # noqa: F401  (kiln.quantize.fixedpoint, as before)
 from kiln.frontend.fixedpoint import multiply_by_quantized_multiplier, quantize_multiplier  # noqa: F401
-from kiln.frontend.ops.int8util import channel_params, per_tensor  # noqa: F401
-from .calibrate import calibrate, qparams_from_range  # noqa: F401
 from kiln.frontend.graph_passes import fold_batchnorm, fuse_activations, prepare, with_batch  # noqa: F401
+from kiln.frontend.ops.int8util import channel_params, per_tensor  # noqa: F401
+
+from .calibrate import calibrate, qparams_from_range  # noqa: F401
 from .ptq import QuantizationError, convert, ptq  # noqa: F401
 from .qat import FakeQuantModule, QATResult, qat  # noqa: F401
 from .tflite_export import ExportError, export_tflite  # noqa: F401

@@ -16,8 +16,6 @@ import numpy as np
 
 from kiln.frontend import run
 from kiln.frontend.errors import KilnError
-from kiln.frontend.types import QParams
-
 from kiln.frontend.graph_passes import with_batch
 from kiln.frontend.int8_convert import qparams_from_range  # noqa: F401
 

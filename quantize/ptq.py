@@ -17,11 +17,9 @@ import numpy as np
 
 from kiln.frontend.graph import Graph
 from kiln.frontend.graph_passes import prepare
-from kiln.frontend.int8_convert import (QuantizationError, convert, quantize_bias,  # noqa: F401
-                                        quantize_weights, quantize_weights_as)
+from kiln.frontend.int8_convert import QuantizationError, convert, quantize_bias, quantize_weights, quantize_weights_as  # noqa: F401
 
 from .calibrate import calibrate
-
 
 
 def ptq(graph: Graph, calibration_data, per_channel=True, method="minmax", int8_io=False, percentile=99.99,

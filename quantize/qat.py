@@ -18,6 +18,7 @@ import dataclasses
 import numpy as np
 
 from kiln.frontend import functional as F
+from kiln.frontend.graph_passes import prepare
 from kiln.frontend.module import Module, Parameter
 from kiln.frontend.rebatch import rebatch_attrs
 from kiln.frontend.registry import get_op
@@ -26,7 +27,6 @@ from kiln.frontend.types import QParams
 from kiln.training import fit
 
 from .calibrate import calibrate, qparams_from_range
-from kiln.frontend.graph_passes import prepare
 from .ptq import QuantizationError, convert, quantize_weights
 
 

@@ -36,8 +36,18 @@ from . import checkpoint as ckpt
 from .config import RESUMABLE_CHANGES, TrainConfig
 from .data import ArrayDataset, DataError, DataLoader, parse_augment
 from .losses import get_loss
-from .monitor import (DivergenceMonitor, MetricsLog, Progress, TrainingDiverged, clip_by_global_norm, diagnose,
-                      global_norm, layer_norms, progress_enabled, squared_norms)
+from .monitor import (
+    DivergenceMonitor,
+    MetricsLog,
+    Progress,
+    TrainingDiverged,
+    clip_by_global_norm,
+    diagnose,
+    global_norm,
+    layer_norms,
+    progress_enabled,
+    squared_norms,
+)
 from .optim import make_optimizer
 from .schedule import Schedule
 from .step import REFERENCE, EvalGraph, GraphCache, StepGraph, resolve_backend

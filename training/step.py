@@ -19,7 +19,8 @@ from a :class:`StepCompiler` given as ``backend``; training imports no compiler 
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 

@@ -19,8 +19,8 @@ import importlib.util
 import os
 from typing import NamedTuple
 
-from kiln.frontend import module as M
 from kiln.frontend import functional as F
+from kiln.frontend import module as M
 from kiln.frontend.errors import KilnError, UsageError
 
 

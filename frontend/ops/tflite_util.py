@@ -13,8 +13,8 @@ import math
 import numpy as np
 
 from .. import tflite_checks as chk
-from ..limits import check as check_limit
 from ..errors import KilnError
+from ..limits import check as check_limit
 from ..registry import TFLITE_IMPORTERS, TFLiteExport, get_op
 
 ACT = {0: "none", 1: "relu", 3: "relu6"}

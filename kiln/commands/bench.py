@@ -15,8 +15,8 @@ from kiln import hil
 from kiln.commands import BuildFolder
 from kiln.docs_util import add_shared_argument, add_write_argument, shared_models, write_path, write_section
 from kiln.errors import UsageError
-from kiln.targets import run_reference
 from kiln.samples import random_inputs
+from kiln.targets import run_reference
 
 SECTION = "## Boards (kiln bench)"
 SHARED_NOTE = "DIR: the folder whose models/ holds the MLPerf Tiny models; "

@@ -18,7 +18,8 @@ import time
 import numpy as np
 
 from kiln import quantize as Q
-from kiln.frontend import load_model, run as run_graph, save
+from kiln.frontend import load_model, save
+from kiln.frontend import run as run_graph
 from kiln.frontend.errors import KilnError
 from kiln.frontend.graph_passes import with_batch
 from kiln.frontend.ops.quant import quantize_array

@@ -112,7 +112,7 @@ def test_int8_ops_bit_exact(int8_graph, target, tmp_path_factory):
     pkg = compile_pkg(int8_graph, target=target, out_dir=tmp_path_factory.mktemp(getattr(target, "name", target)),
                       plot=False,
                       measure_size=False)
-    for trial in range(3):
+    for _trial in range(3):
         x = i8((1, 7, 6, 8))
         want = run(int8_graph, x)
         got = pkg.run(x)
@@ -132,7 +132,7 @@ def test_int8_ops_bit_exact_weight_storage(int8_graph, optimize, tmp_path_factor
     bits = re.findall(r"kiln_conv_s8\([^;]*?, (8|16), \(&\(convq", src)
     assert bits, "the int8 table has groups-1 convs on the fused path"
     assert set(bits) == ({"8"} if optimize == "size" else {"16"})
-    for trial in range(3):
+    for _trial in range(3):
         x = i8((1, 7, 6, 8))
         for name, w, gt in zip(int8_graph.outputs, run(int8_graph, x), pkg.run(x)):
             np.testing.assert_array_equal(gt, w, err_msg=f"{name} (optimize={optimize})")

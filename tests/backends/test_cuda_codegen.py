@@ -14,7 +14,6 @@ from kiln.frontend.errors import KilnError
 from kiln.frontend.graph import Graph
 from kiln.frontend.registry import OPS
 from kiln.frontend.types import TensorType
-
 from tests.backends.server_models import make
 
 
@@ -62,7 +61,7 @@ def test_kernel_params_follow_the_plan_argument_count(packages):
     src = open(os.path.join(pkg, "kernels.cu")).read()
     for st in m["steps"]:
         for L in st["launches"]:
-            sig = re.search(r"void (?:__launch_bounds__\(\d+\) )?%s\(([^)]*)\)" % re.escape(L["kernel"]), src).group(1)
+            sig = re.search(r"void (?:__launch_bounds__\(\d+\) )?" + re.escape(L["kernel"]) + r"\(([^)]*)\)", src).group(1)
             assert len([p for p in sig.split(",") if p.strip()]) == len(L["args"]), L["kernel"]
 
 

@@ -9,7 +9,6 @@ from kiln.frontend import executor
 from kiln.frontend.graph import Graph
 from kiln.frontend.registry import OPS
 from kiln.frontend.types import TensorType
-
 from tests.backends.server_models import make
 
 TOL = dict(rtol=1e-5, atol=1e-5)

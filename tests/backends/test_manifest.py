@@ -7,7 +7,6 @@ import pytest
 
 from kiln.backends import cuda, get_backend
 from kiln.backends.manifest import Manifest, ManifestError, load_manifest, save_manifest
-
 from tests.backends.server_models import make
 from tests.firmware import helpers
 

@@ -78,7 +78,7 @@ def test_rendering(tmp_path):
 def test_random_lifetimes_never_overlap():
     import random
     rng = random.Random(1)
-    for trial in range(30):
+    for _trial in range(30):
         bufs, aliases = [], []
         for i in range(12):
             f = rng.randrange(10)

@@ -8,7 +8,6 @@ from kiln import backends
 from kiln.backends import Backend, Package, get_backend
 from kiln.frontend import executor
 from kiln.frontend.errors import KilnError, UsageError
-
 from tests.backends.server_models import make
 
 

@@ -14,8 +14,12 @@ from kiln.backends import cpus
 from kiln.backends.ops_misc import softmax_exp_table
 from kiln.frontend import Graph, QParams, TensorType
 from kiln.frontend import fixedpoint as fp
-from kiln.frontend.ops.reduce_shape import (SOFTMAX_ACCUMULATION_INTEGER_BITS, SOFTMAX_SCALED_DIFF_INTEGER_BITS,
-                                            softmax_int8_rows, softmax_params)
+from kiln.frontend.ops.reduce_shape import (
+    SOFTMAX_ACCUMULATION_INTEGER_BITS,
+    SOFTMAX_SCALED_DIFF_INTEGER_BITS,
+    softmax_int8_rows,
+    softmax_params,
+)
 
 RNG = np.random.default_rng(11)
 RN8_SCALE, KWS_SCALE = 0.17185351252555847, 0.14469251036643982   # the shared models' softmax inputs

@@ -7,7 +7,6 @@ import pytest
 
 from kiln.boards import campaign as C
 from kiln.boards.fake import RIGHT_ANSWER_MODES
-
 from tests.firmware import helpers
 from tests.firmware.helpers import make_tiny_dense as m
 

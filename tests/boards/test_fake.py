@@ -6,8 +6,17 @@ import re
 import pytest
 
 from kiln.boards.campaign import trial
-from kiln.boards.device import (Device, DeviceError, DeviceFault, DeviceMismatch, DeviceProtocolError,
-                                DeviceReset, DeviceTimeout, DeviceVersionError, IOSpec)
+from kiln.boards.device import (
+    Device,
+    DeviceError,
+    DeviceFault,
+    DeviceMismatch,
+    DeviceProtocolError,
+    DeviceReset,
+    DeviceTimeout,
+    DeviceVersionError,
+    IOSpec,
+)
 from kiln.boards.fake import MODES, RIGHT_ANSWER_MODES, FakeBoard, random_inputs
 
 INS, OUTS, COMMANDS = (300, 200), (10, 700), 5

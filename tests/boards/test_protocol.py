@@ -5,7 +5,8 @@ import subprocess
 import zlib
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kiln.boards import protocol as P
 from kiln.firmware import FIRMWARE_DIR

@@ -4,10 +4,10 @@ import time
 import numpy as np
 import pytest
 
-from tests.firmware import helpers
-from tests.firmware.helpers import make_tiny_dense as m
 from kiln.boards.device import Device, DeviceTimeout
 from kiln.boards.proxy import FaultProxy
+from tests.firmware import helpers
+from tests.firmware.helpers import make_tiny_dense as m
 
 pytestmark = pytest.mark.qemu
 

@@ -12,7 +12,6 @@ import kiln.quantize  # noqa: F401  (int8 references)
 from kiln import hil
 from kiln.cli import main
 from kiln.frontend import Graph, QParams, TensorType
-
 from tests.firmware import helpers
 
 

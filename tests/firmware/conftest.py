@@ -27,9 +27,9 @@ def image_cache(tmp_path_factory):
 def hil_device(request, hil_board, image_cache):
     """A Device for --board: QEMU for emulated boards (and real boards' stand-ins when no port
     is given), the real board when --port or the lab map names one."""
+    from kiln import boards
     from kiln.boards.labmap import load_lab_map
     from kiln.boards.target import open_device
-    from kiln import boards
     port = request.config.getoption("--port")
     lab_path = request.config.getoption("--lab-map")
     board = boards.load(hil_board)

@@ -9,7 +9,6 @@ import pytest
 
 from kiln import boards
 from kiln.firmware import FirmwareError, ImageTooLarge, build, check_no_malloc, render
-
 from tests.firmware import helpers
 
 ALL = boards.board_names()

@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 
 from kiln import boards
-from kiln.firmware.sizes import (BREAKDOWN_KEYS, MapError, flash_split, image_flash_split,
-                                 parse_map)
-
+from kiln.firmware.sizes import BREAKDOWN_KEYS, MapError, flash_split, image_flash_split, parse_map
 from tests.firmware import helpers
 
 ALL = boards.board_names()

@@ -73,6 +73,7 @@ def test_counts_are_deterministic_under_icount(image_cache):
 def test_fault_is_reported_with_registers(tmp_path):
     helpers.need_qemu()
     import shutil
+
     from kiln.boards.device import DeviceFault
     from kiln.boards.qemu import Qemu
     from kiln.firmware import build

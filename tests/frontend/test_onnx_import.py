@@ -9,11 +9,12 @@ torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
+from onnx import TensorProto, helper  # noqa: E402
+
 import kiln  # noqa: E402
 from kiln.frontend import load_model  # noqa: E402
 from kiln.frontend.import_blocks import UnsupportedError  # noqa: E402
 from kiln.frontend.onnx_import import OnnxImportError  # noqa: E402
-from onnx import TensorProto, helper  # noqa: E402
 
 from .import_models import MODELS, REQUIRED, inputs, make  # noqa: E402
 

@@ -10,10 +10,10 @@ torch = pytest.importorskip("torch")
 
 import kiln  # noqa: E402
 from kiln.frontend import load_model  # noqa: E402
-from kiln.frontend.torch_import import TorchImportError, from_torch  # noqa: E402
 from kiln.frontend.import_blocks import UnsupportedError  # noqa: E402
+from kiln.frontend.torch_import import TorchImportError, from_torch  # noqa: E402
 
-from .import_models import MODELS, REQUIRED, inputs, make  # noqa: E402
+from .import_models import MODELS, inputs, make  # noqa: E402
 
 
 def _outs(y):

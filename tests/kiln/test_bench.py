@@ -134,8 +134,8 @@ def test_bench_prints_writes_only_with_write_and_cleans_up(capsys, tiny_int8, pr
 
 
 def test_verify_on_a_board_removes_its_build_folder_unless_keep(capsys, tiny_int8, private_tmp, tmp_path):
-    from kiln.targets import run_reference
     from kiln.frontend import load
+    from kiln.targets import run_reference
     g = load(tiny_int8)
     x = np.random.default_rng(2).integers(-128, 128, (1, 16)).astype(np.int8)
     golden = tmp_path / "g.npz"

@@ -66,6 +66,7 @@ def test_build_too_large_for_board_names_overflow(shared_models, tmp_path):
     # ResNet-8 (~80 KB of weights) on a Pico whose flash we shrink to 64 KB: the build fails
     # and says by how many bytes
     import re
+
     from kiln import boards, hil
     text = (boards.BOARD_DIR / "rpi-pico.toml").read_text().replace('name = "rpi-pico"', 'name = "tiny-pico"')
     text = re.sub(r"(\[memory\.flash\][^\[]*?size\s*=\s*)[0-9_x]+", r"\g<1>0x10000", text, flags=re.S)

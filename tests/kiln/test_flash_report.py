@@ -8,7 +8,6 @@ import pytest
 
 from kiln.cli import main
 from kiln.commands import bench
-
 from tests.firmware import helpers
 
 

@@ -5,8 +5,7 @@ nodes failed to load ("unknown op 'quantize'")."""
 import numpy as np
 import pytest
 
-from kiln import boards, hil, trace
-from kiln import nn
+from kiln import boards, hil, nn, trace
 from kiln.quantize import ptq
 
 pytestmark = pytest.mark.qemu

@@ -100,6 +100,7 @@ def test_real_boards_run_their_stand_in_only_without_hardware(tmp_path):
 
 def test_kiln_build_makes_the_real_image_of_a_real_board(capsys, shared_models, tmp_path):
     import json
+
     from kiln.cli import main
     m = os.path.join(shared_models, "kws_ref_model.tflite")
     for emulate, origin in ((False, 0x08000000), (True, 0x0)):

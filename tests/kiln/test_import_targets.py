@@ -2,7 +2,6 @@
 (.pt2) and onnxruntime (.onnx) within 1e-4 through `kiln verify --target reference` and `host`, with
 golden pairs the frameworks made; their PTQ int8 versions run bit-exact against Kiln's int8
 reference on mps2-an386."""
-import os
 import warnings
 
 import numpy as np
@@ -16,7 +15,6 @@ from kiln.commands.verify import verify  # noqa: E402
 from kiln.frontend import load_model, save  # noqa: E402
 from kiln.oracles import run_oracle  # noqa: E402
 from kiln.samples import golden_arrays  # noqa: E402
-
 from tests.frontend.import_models import REQUIRED, inputs, make  # noqa: E402
 
 

@@ -22,9 +22,9 @@ def test_docs_layers_md_is_up_to_date():
 
 def test_every_layer_and_function_is_listed_and_described():
     text = layers_markdown()
-    for name, obj in nn_entries():
+    for name, _obj in nn_entries():
         assert f"### `nn.{name}(" in text, name
-    for name, fn in functional_entries():
+    for name, _fn in functional_entries():
         assert f"| `F.{name}(" in text, name
     assert "(no description)" not in text, [l for l in text.splitlines() if "(no description)" in l]
 

@@ -5,7 +5,7 @@ import pytest
 
 from kiln.cli import main
 from kiln.frontend import Graph, QParams, TensorType, save
-from kiln.samples import (SampleError, golden_arrays, golden_pairs, load_samples, random_inputs)
+from kiln.samples import SampleError, golden_arrays, golden_pairs, load_samples, random_inputs
 
 
 def two_in_two_out():

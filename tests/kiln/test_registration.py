@@ -9,9 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from kiln.frontend import run
+from kiln.frontend import run, save
 from kiln.frontend.tflite_import import load_tflite
-from kiln.frontend import save
 
 SNIPPET = """
 import json, sys

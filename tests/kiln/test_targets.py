@@ -10,7 +10,6 @@ import kiln
 from kiln.cli import main
 from kiln.frontend import executor
 from kiln.targets import BACKEND_TARGETS, get_target, target_names
-
 from tests.backends.server_models import make
 
 

@@ -60,6 +60,7 @@ def test_quantize_cli_errors(tmp_path, capsys):
 
 def test_quantize_cli_npz_data_and_qat(digits_model, tmp_path, capsys):
     import numpy as np
+
     from kiln.frontend import save
     g, (train, test) = digits_model
     src = save(g, str(tmp_path / "digits.json"))
@@ -73,6 +74,7 @@ def test_quantize_cli_npz_data_and_qat(digits_model, tmp_path, capsys):
 
 def test_verify_reference_on_a_kiln_graph_json(digits_model, tmp_path, capsys):
     import numpy as np
+
     from kiln.frontend import run, save
     from kiln.quantize import ptq
     g, (train, test) = digits_model

@@ -1,12 +1,13 @@
 """PTQ of the digits CNN: accuracy, graph form, int8 I/O, export to .tflite bit-exact in LiteRT."""
 import os
+import sys
 
 import numpy as np
 import pytest
 
-from kiln.frontend import run
 import kiln.quantize.calibrate  # noqa: F401
-import sys
+from kiln.frontend import run
+
 cal = sys.modules["kiln.quantize.calibrate"]
 from kiln.frontend.graph_passes import with_batch
 from kiln.quantize.ptq import QuantizationError, ptq, quantize_weights

@@ -4,7 +4,8 @@ same bits as Kiln's int8 reference."""
 import os
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kiln.frontend import Graph, TensorType, run
 from kiln.quantize import export_tflite, ptq

@@ -4,11 +4,10 @@ import numpy as np
 import pytest
 
 import kiln
-
+from kiln.frontend.errors import KilnError
 from kiln.frontend.module import manual_seed
 from kiln.training import zoo
 from kiln.training.step import StepGraph
-from kiln.frontend.errors import KilnError
 
 
 @pytest.mark.parametrize("backend", ["host-llvm", pytest.param("cuda", marks=pytest.mark.gpu)])

@@ -3,8 +3,16 @@ import numpy as np
 import pytest
 
 import kiln.data
-from kiln.training.data import (ArrayDataset, DataError, DataLoader, GaussianNoise, RandomShift, load_npz,
-                                parse_augment, synthetic)
+from kiln.training.data import (
+    ArrayDataset,
+    DataError,
+    DataLoader,
+    GaussianNoise,
+    RandomShift,
+    load_npz,
+    parse_augment,
+    synthetic,
+)
 
 
 def _ds(n=10):

@@ -13,7 +13,6 @@ import kiln  # noqa: E402
 from kiln.cli import main  # noqa: E402
 from kiln.frontend.graph_module import GraphModule  # noqa: E402
 from kiln.frontend.torch_import import from_torch  # noqa: E402
-
 from tests.frontend.import_models import make  # noqa: E402
 
 

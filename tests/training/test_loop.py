@@ -8,7 +8,7 @@ import torch
 
 from kiln import frontend as kf
 from kiln.frontend import functional as F
-from kiln.training import (Adam, StepGraph, TrainingDiverged, clip_by_global_norm, fit, global_norm)
+from kiln.training import Adam, StepGraph, TrainingDiverged, clip_by_global_norm, fit, global_norm
 from kiln.training.monitor import progress_enabled
 
 

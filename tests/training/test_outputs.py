@@ -13,9 +13,8 @@ import pytest
 from kiln.cli import build_parser, main
 from kiln.frontend import files
 from kiln.frontend.errors import OutputError, UsageError
-from kiln.training import TrainConfig, fit
+from kiln.training import TrainConfig, fit, monitor
 from kiln.training import checkpoint as ckpt
-from kiln.training import monitor
 from kiln.training.monitor import MetricsLog
 
 QUICK = ["train", "--model", "fc-autoencoder", "--max-steps", "2", "--batch-size", "8", "--quiet", "--json"]
