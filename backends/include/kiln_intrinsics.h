@@ -568,9 +568,10 @@ static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int3
  * The exact product P = |acc| * m (< 2^84) is rounded to 53 significant bits, ties to even (the
  * double multiply), then (P + 2^(s-1)) >> s (the round). Saturates to int32 where C's conversion
  * would be undefined. */
-static KILN_SIZE_NOINLINE int32_t kiln_fc_rq(int32_t acc, uint32_t mh, uint32_t ml, int32_t s)
+/* |acc| * eff, rounded as above, before saturation (q < 2^64); out of line: the fast path below
+ * settles all but products within about |acc| / 2^(s-21) of a half */
+static __attribute__((noinline, unused)) uint64_t kiln_fc_rq_abs(uint32_t a, uint32_t mh, uint32_t ml, int32_t s)
 {
-    const uint32_t a = acc < 0 ? 0u - (uint32_t)acc : (uint32_t)acc;
     const uint64_t p0 = (uint64_t)a * ml;
     uint64_t hi = (uint64_t)a * mh + (p0 >> 32);   /* P = hi * 2^32 + lo, hi < 2^52 */
     uint64_t lo = (uint32_t)p0;
@@ -586,15 +587,36 @@ static KILN_SIZE_NOINLINE int32_t kiln_fc_rq(int32_t acc, uint32_t mh, uint32_t 
             lo &= 0xFFFFFFFFull;
         }
     }
-    uint64_t q;
     if (s > 84) {
-        q = 0;                       /* P < 2^84 <= 2^(s-1): rounds to 0 */
-    } else if (s < 22) {
-        q = a ? 0xFFFFFFFFull : 0;   /* eff >= 2^31: saturates */
+        return 0;                    /* P < 2^84 <= 2^(s-1): rounds to 0 */
+    }
+    if (s < 22) {
+        return a ? 0xFFFFFFFFull : 0;    /* eff >= 2^31: saturates */
+    }
+    /* floor((P + 2^(s-1)) / 2^s) from P >> 21 (< 2^63), exact as s - 1 >= 21 */
+    const uint64_t p21 = (hi << 11) | (lo >> 21);
+    return (p21 + (1ull << (s - 22))) >> (s - 21);
+}
+
+static inline int32_t kiln_fc_rq(int32_t acc, uint32_t mh, uint32_t ml, int32_t s)
+{
+    const uint32_t a = acc < 0 ? 0u - (uint32_t)acc : (uint32_t)acc;
+    uint64_t q;
+    if (s >= 53 && s <= 84) {
+        /* Fast path (every eff < 2^-1): R = a * (m >> 21), one 32x32 -> 64 multiply, and P / 2^21
+         * lies in [R, R + a). The double multiply moves P by at most P * 2^-52, under 2^11 units
+         * of R. The result floor((P' / 2^21 + 2^(t-1)) / 2^t), t = s - 21 >= 32, is monotone in
+         * the rounded product P', so when both ends of [R - 2^12, R + a + 2^12] give the same
+         * integer, that integer is the answer. Otherwise (a product within about a / 2^t of a
+         * half) the exact path decides. */
+        const uint64_t r = (uint64_t)a * ((mh << 11) | (ml >> 21));
+        const uint64_t half = 1ull << (s - 22);
+        const uint32_t u = (uint32_t)(s - 53);
+        const uint32_t qlo = (uint32_t)((r + half - 4096u) >> 32) >> u;
+        const uint32_t qhi = (uint32_t)((r + half + a + 4096u) >> 32) >> u;
+        q = qlo == qhi ? qlo : kiln_fc_rq_abs(a, mh, ml, s);
     } else {
-        /* floor((P + 2^(s-1)) / 2^s) from P >> 21 (< 2^63), exact as s - 1 >= 21 */
-        const uint64_t p21 = (hi << 11) | (lo >> 21);
-        q = (p21 + (1ull << (s - 22))) >> (s - 21);
+        q = kiln_fc_rq_abs(a, mh, ml, s);
     }
     if (acc < 0) {
         return q >= 0x80000000ull ? INT32_MIN : -(int32_t)q;

@@ -21,11 +21,14 @@ from kiln.targets import run_reference
 SECTION = "## Boards (kiln bench)"
 SHARED_NOTE = "DIR: the folder whose models/ holds the MLPerf Tiny models; "
 BOARDS = "mps2-an385,mps2-an386,mps2-an500,mps2-an505,mps3-an547"
-SHARED_MODELS = ("kws_ref_model.tflite", "pretrainedResnet_quant.tflite")
+SHARED_MODELS = ("kws_ref_model.tflite", "pretrainedResnet_quant.tflite", "vww_96_int8.tflite", "ad01_int8.tflite")
 # TFLite Micro on QEMU mps2-an386 (BASELINES.md of the shared models); flash = TFLM library .text + the
-# .tflite model's bytes (kws 75,936 + 53,936; ResNet-8 70,606 + 98,496)
+# .tflite model's bytes (kws 75,936 + 53,936; ResNet-8 70,606 + 98,496; VWW 75,936 + 333,288;
+# AD 25,994 + 276,976)
 TFLM = {"kws_ref_model": {"cmsis_insn": 7_579_262, "ref_insn": 42_214_495, "arena": 22_820, "flash": 129_872},
-        "pretrainedResnet_quant": {"cmsis_insn": 29_780_318, "ref_insn": 105_651_146, "arena": 54_996, "flash": 169_102}}
+        "pretrainedResnet_quant": {"cmsis_insn": 29_780_318, "ref_insn": 105_651_146, "arena": 54_996, "flash": 169_102},
+        "vww_96_int8": {"cmsis_insn": 23_776_242, "ref_insn": 99_316_202, "arena": 100_708, "flash": 409_224},
+        "ad01_int8": {"cmsis_insn": 582_949, "ref_insn": 1_952_144, "arena": 2_580, "flash": 302_970}}
 
 
 def add_arguments(p):

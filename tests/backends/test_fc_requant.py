@@ -96,6 +96,22 @@ def test_products_at_and_around_half(lib):
     check(lib, np.concatenate([acc2, -acc2]), np.concatenate([eff2, eff2]))
 
 
+def test_fast_path_window_with_large_accumulators(lib):
+    """kiln_fc_rq's fast path (eff < 1/2) bounds the product from one 32x32 multiply and falls back
+    to the exact path within ~|acc| / 2^t of a half: large accumulators widen that window and make
+    the double product's own rounding largest, so probe products a few ulps around n + 0.5 there."""
+    rng = np.random.default_rng(4)
+    acc = rng.integers(1 << 20, 1 << 31, 40_000) * rng.choice([-1, 1], 40_000)
+    n = rng.integers(0, 1 << 20, acc.size)
+    base = (n + 0.5) / np.abs(acc)
+    lo = base
+    for _ in range(6):
+        check(lib, acc, base)
+        check(lib, acc, lo)
+        base, lo = np.nextafter(base, np.inf), np.nextafter(lo, -np.inf)
+    check(lib, acc, rng.uniform(0.0, 0.5, acc.size))
+
+
 def test_edges(lib):
     accs = np.array([0, 1, -1, 2, -2, (1 << 31) - 1, -(1 << 31), 12345, -12345] * 7, np.int64)
     effs = np.repeat([0.0, 1e-30, 5e-10, 0.25, 0.5, 1.0, 3e9], 9)
