@@ -25,6 +25,7 @@ from pathlib import Path
 
 from kiln.common.errors import KilnError
 
+from .device import Device
 from .schema import Board
 
 DEFAULT_SHIFT = 6
@@ -166,7 +167,6 @@ class Qemu:
 
     def device(self, **kw):
         """A Device connected to this QEMU (instruction counts come from the plugin)."""
-        from .device import Device
         if self.proc is None:
             self.start()
         kw.setdefault("log_path", str(self.stderr))

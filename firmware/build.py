@@ -25,6 +25,7 @@ import jinja2
 from kiln import boards as _boards
 from kiln.boards import Board, Region
 
+from .boot2 import build as build_boot2
 from .errors import FirmwareError
 from .plugin import plugin_path
 from .sizes import SizeReport, parse_size_output
@@ -175,7 +176,6 @@ def build(package_dir: str | os.PathLike, board: Board | str, out_dir: str | os.
     sources = sorted(RUNTIME_DIR.glob("*.c")) + [DRIVER_DIR / DRIVERS[board.uart.kind],
                                                  DRIVER_DIR / "uart_common.c", gen / "startup.c"]
     if board.boot2:
-        from .boot2 import build as build_boot2
         sources.append(build_boot2(board.boot2, gen, gcc, tool("objcopy", prefix)))
     sources += sorted(package_dir.glob("*.c"))
     elf = out_dir / "firmware.elf"

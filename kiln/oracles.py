@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 
+from kiln.frontend import run
 from kiln.frontend.errors import KilnError
 
 
@@ -49,7 +50,6 @@ def _run_torch(path, samples):
 
 def compare(graph, source_outs, samples):
     """Largest |difference| between Kiln's reference executor and the oracle, per output."""
-    from kiln.frontend import run
     worst = None
     for xs, want in zip(samples, source_outs):
         got = run(graph, *xs)

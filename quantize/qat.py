@@ -8,7 +8,7 @@ Per epoch:
    activation (the int8 graph's per-tensor parameters, including the fixed ones of softmax,
    sigmoid, tanh and the pass-through of pooling/reshape/pad);
 3. train it for one epoch with ``kiln.training.fit``.
-The trained weights go back into the float graph, which :func:`~kiln.quantize.ptq.convert` turns into
+The trained weights go back into the float graph, which :func:`~kiln.frontend.int8_convert.convert` turns into
 the same int8 graph type as PTQ.
 """
 from __future__ import annotations

@@ -22,6 +22,8 @@ from typing import NamedTuple
 from kiln.frontend import functional as F
 from kiln.frontend import module as M
 from kiln.frontend.errors import KilnError, UsageError
+from kiln.frontend.graph_module import GraphModule
+from kiln.frontend.loader import load_model
 
 
 class ZooModel(NamedTuple):
@@ -175,8 +177,6 @@ def from_model_file(path) -> ZooModel:
     """A float model file (a Kiln graph, e.g. from `kiln import`, an .onnx or a .pt2) as a
     GraphModule to fine-tune; its input shape (batch 1) and, for [N, classes] outputs, the
     number of classes come from the graph. It has no dataset of its own (kiln train --data)."""
-    from kiln.frontend.graph_module import GraphModule
-    from kiln.frontend.loader import load_model
     g = load_model(path)
     if len(g.inputs) != 1 or len(g.outputs) != 1:
         raise UsageError(f"{path}: kiln train fine-tunes models with one input and one output "

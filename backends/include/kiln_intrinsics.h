@@ -563,8 +563,8 @@ static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int3
 /* ---- int8 FULLY_CONNECTED requantisation (LiteRT's reference kernel, every target) -----------
  * (int32)round((double)acc * eff) with eff = double(s_in) * double(s_w) / double(s_out), computed
  * in integers, bit-exact with IEEE double arithmetic and C's round (ties away from zero), on
- * cores with no double-precision FPU (kiln.quantize.int8_linear.fc_requantize is the reference).
- * eff = m * 2^-s, m = mh * 2^32 + ml its 53-bit significand (int8_linear.fc_requant_constants).
+ * cores with no double-precision FPU (kiln.frontend.ops.nn.fc_requantize is the reference).
+ * eff = m * 2^-s, m = mh * 2^32 + ml its 53-bit significand (frontend/ops/nn.py: fc_requant_constants).
  * The exact product P = |acc| * m (< 2^84) is rounded to 53 significant bits, ties to even (the
  * double multiply), then (P + 2^(s-1)) >> s (the round). Saturates to int32 where C's conversion
  * would be undefined. */
@@ -661,7 +661,7 @@ static inline int32_t kiln_add_s8(int32_t x1, int32_t x2, int32_t k1, int32_t m1
 
 /* ---- int8 softmax over the last axis (ops_misc._softmax_int8, every target) -----------------
  * TFLite's reference_ops::Softmax for int8 -> int8 (output scale 1/256, zero point -128), as
- * kiln.quantize.int8_elementwise.softmax_int8_rows: exp(d) of d = x - max from the table
+ * kiln.frontend.ops.reduce_shape.softmax_int8_rows: exp(d) of d = x - max from the table
  * tab[max(d, base) - base] (ops_misc.softmax_exp_table: base = lo - 1 onto a zero entry, or -255
  * for a full table), the sum of
  * RoundingDivideByPOT(exp, 12), gemmlowp's GetReciprocal(sum, 12) (CLZ, then three

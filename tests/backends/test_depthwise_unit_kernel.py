@@ -4,7 +4,6 @@ reference: float and int8."""
 import numpy as np
 import pytest
 
-import kiln.quantize  # noqa: F401
 from kiln.backends import compile as compile_pkg
 from kiln.frontend import Graph, TensorType, run
 from kiln.quantize import ptq

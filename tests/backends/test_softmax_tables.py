@@ -8,7 +8,6 @@ import re
 import numpy as np
 import pytest
 
-import kiln.quantize  # noqa: F401  (int8 references)
 from kiln.backends import compile as compile_pkg
 from kiln.backends import cpus
 from kiln.backends.ops_misc import softmax_exp_table

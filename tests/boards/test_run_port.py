@@ -8,7 +8,6 @@ import os
 import numpy as np
 import pytest
 
-import kiln.quantize  # noqa: F401  (int8 references)
 from kiln import hil
 from kiln.cli import main
 from kiln.frontend import Graph, QParams, TensorType

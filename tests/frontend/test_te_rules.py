@@ -5,7 +5,6 @@ import sys
 
 import pytest
 
-import kiln.quantize  # noqa: F401  (quantize, dequantize, fake_quant)
 from kiln.frontend.registry import LINEAR, OPS
 from kiln.frontend.types import TensorType
 

@@ -226,7 +226,7 @@ def worker_main(mem_mb):
     resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, mem_mb << 20))
     from ai_edge_litert import interpreter  # noqa: F401
 
-    import kiln.quantize  # noqa: F401
+    import kiln.frontend  # noqa: F401
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     for line in sys.stdin:
