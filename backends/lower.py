@@ -20,7 +20,7 @@ import numpy as np
 from tvm import s_tir, te
 
 from kiln.frontend.errors import KilnError
-from kiln.frontend.ops import _te as T
+from kiln.frontend.ops import te_helpers as T
 from kiln.frontend.registry import OPS, SHAPE, deflower, get_op
 
 from . import inplace, schedules, tirc

@@ -20,7 +20,7 @@ from tvm import te, tirx
 
 from kiln.frontend import ops as _ops  # noqa: F401  (fills the registry)
 from kiln.frontend.graph import Graph, Node
-from kiln.frontend.ops import _te as T
+from kiln.frontend.ops import te_helpers as T
 from kiln.frontend.ops.nn import dropout_mask
 from kiln.frontend.registry import OPS, get_op
 from kiln.frontend.types import TensorType

@@ -4,7 +4,7 @@ An :class:`OpDef` holds everything Kiln knows about one op: its attribute schema
 rule, NumPy float reference and VJP (filled in ``frontend/ops``), and the rules other folders own
 (``int8_ref`` from ``quantize/``, ``lower`` from ``backends/``: a backend's overrides). ``te`` is
 the op's one float lowering, a TVM TE compute shared by every backend (the backends import TVM
-and pass the helper module ``frontend/ops/_te.py`` in as ``T``), ``macs`` its multiply-accumulate
+and pass the helper module ``frontend/ops/te_helpers.py`` in as ``T``), ``macs`` its multiply-accumulate
 count. A missing rule raises a ``NotImplementedError`` naming the rule and the op, never a bare
 ``KeyError``.
 """

@@ -90,3 +90,24 @@ def test_no_function_longer_than_100_lines():
                     if n > 100:
                         long.append(f"{path}:{node.lineno} {node.name} ({n} lines)")
     assert not long, "split these functions:\n" + "\n".join(long)
+
+
+def _private(name):
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_private_names_imported_across_packages():
+    """A package uses another's public names only (``from kiln.frontend.ops import _te`` would
+    tie it to a module its owner may change at will)."""
+    bad = []
+    for pkg in PACKAGES:
+        for path, tree in _modules(pkg):
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.ImportFrom) and not node.level and node.module
+                        and node.module.startswith("kiln")):
+                    continue
+                if _package_of(node.module) in (pkg, None) and node.module != "kiln":
+                    continue
+                names = [a.name for a in node.names] + node.module.split(".")
+                bad += [f"{path}:{node.lineno} {node.module}: {n}" for n in names if _private(n)]
+    assert not bad, "private names imported across packages:\n  " + "\n  ".join(bad)

@@ -3,7 +3,7 @@
 Non-differentiable points follow PyTorch: relu'(0) = 0; relu6' is 0 at 0 and at 6;
 maximum/minimum split the gradient equally between tied operands; sqrt'(0) = inf.
 
-Each op's ``te`` rule (its float lowering, ``frontend/ops/_te.py``) computes in the accumulation
+Each op's ``te`` rule (its float lowering, ``frontend/ops/te_helpers.py``) computes in the accumulation
 dtype (float32 for 16-bit storage) and casts the result to the output's storage dtype.
 """
 import numpy as np

@@ -7,7 +7,7 @@ weights [C_in * multiplier, KH, KW, 1]); dense weights [N_out, K] (as TFLite and
 Max pooling sends the gradient to the first maximum of each window (row-major), as PyTorch does.
 Average pooling divides by the number of non-padding elements (TFLite), unless count_include_pad.
 
-The ``te`` rules (float lowerings, ``frontend/ops/_te.py``) follow the NumPy references with the
+The ``te`` rules (float lowerings, ``frontend/ops/te_helpers.py``) follow the NumPy references with the
 same geometry helpers (``conv_geometry``, ``pool_geometry``) and the same first-maximum rule.
 Padding is inlined into the consumer's expression with ``if_then_else`` (lazy), so a convolution
 is one TE stage and schedules see no separate pad block. ``macs`` counts the multiply-accumulates

@@ -1,6 +1,6 @@
 """Reductions (sum, mean, max over axes, keepdims), softmax/log_softmax, and data-movement ops.
 
-The ``te`` rules (float lowerings, ``frontend/ops/_te.py``) of sum, mean and softmax accumulate
+The ``te`` rules (float lowerings, ``frontend/ops/te_helpers.py``) of sum, mean and softmax accumulate
 in float32 when the storage dtype is 16-bit; data movement is dtype-agnostic.
 """
 import math
