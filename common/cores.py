@@ -22,6 +22,14 @@ class Core:
     has_msplim: bool = False     # ARMv8-M main stack limit register
     helium: bool = False         # MVE (M-profile vector extension)
 
+    @property
+    def macs_per_instruction_limit(self) -> int:
+        """The most int8 multiply-accumulates one instruction of the core's ISA does (the ceiling
+        of a per-layer roofline): MLA, 1, on cores without the DSP extension; SMLAD, 2 (two 16-bit
+        products summed); Helium's VMLADAVA.S8, 16 (sixteen 8-bit lanes, executed in two beats
+        pairs on the Cortex-M55)."""
+        return 16 if self.helium else 2 if self.dsp else 1
+
     def cflags(self, fpu: str | None = None) -> list[str]:
         return [f"-mcpu={self.name}", "-mthumb", *self.fpu_flags[fpu or self.default_fpu]]
 

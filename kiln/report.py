@@ -28,6 +28,34 @@ def _plot_layers(per_layer, path, title):
     plt.close(fig)
 
 
+def plot_roofline(per_layer, path, title):
+    """Two panels per command: executed instructions, and MACs per instruction against the core's
+    ceiling (``limit_macs_per_instruction`` of ``kiln run``'s per-layer rows)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [l["name"] for l in per_layer]
+    ins = [l["instructions"] or 0 for l in per_layer]
+    rate = [l.get("macs_per_instruction") or 0 for l in per_layer]
+    limit = max([l.get("limit_macs_per_instruction") or 0 for l in per_layer] + [0])
+    x = range(len(names))
+    fig, (a1, a2) = plt.subplots(2, 1, sharex=True, figsize=(max(6, 0.6 * len(names) + 2), 5.6))
+    a1.bar(x, ins, color="#c0504d")
+    a1.set_ylabel("instructions")
+    a1.set_title(title)
+    a2.bar(x, rate, color="#4f81bd", label="MACs / instruction")
+    if limit:
+        a2.axhline(limit, color="k", linestyle="--", linewidth=1, label=f"ceiling of the core ({limit})")
+        a2.set_ylim(0, limit * 1.1)
+    a2.set_ylabel("MACs / instruction")
+    a2.legend(fontsize=8, loc="upper right")
+    a2.set_xticks(list(x))
+    a2.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def stage_times(times: dict, short=True) -> str:
     """Stage times as text, in order: "train 6.1 s, quantise 0.4 s" (``short``: each stage's first
     word), else one "- stage: 6.1 s" line per stage (Markdown)."""

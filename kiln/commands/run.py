@@ -24,6 +24,7 @@ from kiln.commands import BuildFolder, add_optimize_argument
 from kiln.frontend import load_model
 from kiln.frontend.errors import KilnError
 from kiln.litert import run_litert
+from kiln.report import plot_roofline
 from kiln.samples import Samples, load_samples, random_inputs
 from kiln.targets import BACKEND_TARGETS, get_target, run_reference, run_target
 
@@ -50,6 +51,8 @@ def add_arguments(p):
     p.add_argument("-o", "--out", default=None, help="build folder (default: a temporary folder, removed "
                    "afterwards unless --keep)")
     p.add_argument("--keep", action="store_true", help="keep the temporary build folder")
+    p.add_argument("--plot", default=None, metavar="PNG", help="write the per-layer roofline (instructions, "
+                   "MACs per instruction against the core's ceiling) to this PNG (boards only)")
 
 
 # ---- samples -----------------------------------------------------------------------------------
@@ -178,7 +181,11 @@ def run(args):
         if temp and not args.keep:
             shutil.rmtree(out, ignore_errors=True)
     rep["build"] = out if (not temp or args.keep) else None
-    rep["text"] = _table(rep)
+    if args.plot:
+        plot_roofline(rep["per_layer"], args.plot, f"{os.path.basename(args.model)} on {args.board}: "
+                      f"{rep['instructions_per_inference'] or 0:,} instructions")
+        rep["plot"] = os.path.abspath(args.plot)
+    rep["text"] = _table(rep) + (f"\nroofline plot: {rep['plot']}" if args.plot else "")
     return rep
 
 
@@ -205,11 +212,26 @@ def _run_on(board, args, out, lab_map):
            "mismatched_inputs": sorted({k for c in checks for k in c["mismatched_samples"]}),
            "instructions_per_inference": ins, "instruction_source": res.instruction_source,
            "macs": man.macs, "macs_per_instruction": round(man.macs / ins, 4) if ins else None,
-           "timing": _timing(res, board, real), "per_layer": res.profile,
+           "timing": _timing(res, board, real), "per_layer": roofline(res.profile, board.core_info),
            "memory": _memory(res), "link_stats": res.stats}
     if samples.targets is not None:
         rep["data_metrics"] = _data_report(graph, pkg_dir, samples, board_outs, ref_outs, args)
     return rep
+
+
+def roofline(profile, core):
+    """Per command: MACs, instructions, MACs per instruction and the core's ceiling
+    (``Core.macs_per_instruction_limit``), and the fraction of that ceiling reached, so the gap
+    left in each layer shows."""
+    limit = core.macs_per_instruction_limit
+    rows = []
+    for layer in profile:
+        ins, macs = layer.get("instructions"), layer.get("macs") or 0
+        rate = macs / ins if ins and macs else None
+        rows.append(dict(layer, macs_per_instruction=None if rate is None else round(rate, 4),
+                         limit_macs_per_instruction=limit if macs else None,
+                         of_limit=None if rate is None else round(rate / limit, 4)))
+    return rows
 
 
 def _timing(res, board, real):
@@ -271,11 +293,15 @@ def _table(rep):
         for stage, mt in rep["data_metrics"].items():
             lines.append(f"  {stage:<38} " + "  ".join(
                 f"{100 * v:.2f}%" if k == "accuracy" else f"{v:.4g}" for k, v in (mt or {}).items()))
-    lines.append(f"\n{'command':<28} {'MACs':>10} {'instructions':>13} {'MAC/instr':>9}")
+    lines.append(f"\n{'command':<28} {'MACs':>10} {'instructions':>13} {'MAC/instr':>9} {'ceiling':>7} "
+                 f"{'of ceiling':>10}")
     for layer in rep["per_layer"]:
-        ins = layer["instructions"]
-        lines.append(f"{layer['name']:<28} {layer['macs']:>10,} {_n(ins):>13} "
-                     f"{(format(layer['macs'] / ins, '.3f') if ins else 'n/a'):>9}")
+        rate, lim, frac = layer["macs_per_instruction"], layer["limit_macs_per_instruction"], layer["of_limit"]
+        lines.append(f"{layer['name']:<28} {layer['macs']:>10,} {_n(layer['instructions']):>13} "
+                     f"{_n(rate, '.3f'):>9} {_n(lim, 'd'):>7} {_n(None if frac is None else 100 * frac, '.1f'):>9}%")
+    if any(layer["limit_macs_per_instruction"] for layer in rep["per_layer"]):
+        lines.append("ceiling: the most MACs one instruction of the core does (1 MLA, 2 SMLAD with DSP, "
+                     "16 Helium VMLADAVA)")
     return "\n".join(lines)
 
 
