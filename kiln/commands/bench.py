@@ -107,7 +107,8 @@ def markdown(rows, command):
          f"Produced by `{command}` ({SHARED_NOTE if '--shared DIR' in command else ''}QEMU 7.2, "
          "arm-none-eabi-gcc 12.2 -O2). Instructions are executed "
          "instructions for one inference, counted exactly by Kiln's QEMU TCG plugin between the model's "
-         "entry and exit (deterministic across runs); stack is the painted high-water mark of the whole "
+         "entry and exit (the same across runs but for the firmware's SysTick wrap interrupt under QEMU, "
+         "about 5 instructions per 10 M, counted in whichever layer it lands); stack is the painted high-water mark of the whole "
          "firmware during an inference. Every row's output was checked bit-exact against the int8 "
          f"reference. Compiled with `--optimize {main_opt}` ({OPT_TEXT[main_opt]}).", "", FLASH_TEXT, "",
          "| model | board (core) | instructions / inference | MACs / instruction | arena B | stack B | image flash B | model flash B | bit-exact |",
