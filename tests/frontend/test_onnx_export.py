@@ -157,3 +157,18 @@ def test_op_without_mapping_names_op_and_node(tmp_path):
         export_onnx(g, tmp_path / "u.onnx")
     assert repr(unmapped[0]) in str(e.value) and g.nodes[0].name in str(e.value)
     assert "exportable ops" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["digits-cnn", "ds-cnn", "resnet8", "mobilenet-v1-0.25", "fc-autoencoder"])
+def test_model_zoo_exports(tmp_path, name):
+    """The zoo's Module API models (NHWC, BatchNorm in eval form, depthwise convs) in onnxruntime."""
+    from kiln.training import zoo
+    entry = zoo.get(name)
+    entry.module.eval()
+    x = np.random.default_rng(4).standard_normal(entry.input_shape).astype(np.float32)
+    g = kiln.trace(entry.module, x)
+    p = tmp_path / f"{name}.onnx"
+    m = export_onnx(g, p)
+    assert [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == list(entry.input_shape)
+    assert sum(n.op_type == "Transpose" for n in m.graph.node) <= 1      # the NHWC input, once
+    assert_matches(p, g, [x])
