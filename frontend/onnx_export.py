@@ -29,6 +29,7 @@ from .registry import get_op
 
 DEFAULT_OPSET = 17
 MIN_OPSET, MAX_OPSET = 13, 17
+IR_VERSION = 8                # ONNX 1.10+ (opsets up to 17): runtimes older than the onnx package read it
 NCHW = (0, 3, 1, 2)           # the ONNX tensor of an NHWC value x is x.transpose(NCHW)
 
 ONNX_EXPORT: dict = {}        # Kiln op name -> fn(exporter, node)
@@ -84,7 +85,7 @@ def to_onnx(graph, opset=DEFAULT_OPSET):
     g = onnx.helper.make_graph(ex.nodes, _ident(graph.name), inputs, outputs, ex.inits)
     model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", opset)],
                                    producer_name="kiln", doc_string=f"exported by Kiln from graph {graph.name!r}")
-    model.ir_version = min(model.ir_version, 8 if opset <= 17 else model.ir_version)
+    model.ir_version = IR_VERSION
     try:
         onnx.checker.check_model(model)
     except Exception as e:      # a bug of this exporter, not of the user's graph
