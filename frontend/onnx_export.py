@@ -213,7 +213,12 @@ class _Exporter:
         return name
 
     def const(self, arr, base):
-        return self.initializer(np.asarray(arr), base)
+        """An initializer for a literal the export adds (a shape, a clip bound): one per value."""
+        arr = np.asarray(arr)
+        key = ("literal", base, arr.dtype.str, arr.shape, arr.tobytes())
+        if key not in self.cache:
+            self.cache[key] = self.initializer(arr, base)
+        return self.cache[key]
 
     def add(self, op_type, inputs, out=None, name=None, **attrs):
         from onnx import helper
