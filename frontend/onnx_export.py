@@ -195,15 +195,17 @@ class _Exporter:
         else:
             name, have = self.env[v]
             if have != perm:
-                shape = self.g.types[v].shape
-                if _moves_only_ones(shape, have, perm):      # [N, 1, 1, C] <-> [N, C, 1, 1]
-                    name = self.add("Reshape", [name, self.ints([shape[a] for a in perm])],
-                                    out=self.unique(f"{v}_r"))
-                else:
-                    name = self.add("Transpose", [name], out=self.unique(f"{v}_t"),
-                                    perm=list(compose(inverse(have), perm)))
+                name = self.relayout(v, name, have, perm)
         self.cache[key] = name
         return name
+
+    def relayout(self, v, name, have, perm, out=None):
+        """ONNX tensor ``name`` (value ``v`` in layout ``have``) in layout ``perm``: a Reshape when
+        only unit axes move ([N, 1, 1, C] <-> [N, C, 1, 1]), else a Transpose."""
+        shape = self.g.types[v].shape
+        if _moves_only_ones(shape, have, perm):
+            return self.add("Reshape", [name, self.ints([shape[a] for a in perm])], out=out or self.unique(f"{v}_r"))
+        return self.add("Transpose", [name], out=out or self.unique(f"{v}_t"), perm=list(compose(inverse(have), perm)))
 
     def initializer(self, arr, base):
         from onnx import numpy_helper
@@ -236,8 +238,8 @@ class _Exporter:
         if v in self.env and not self.is_const(v) and self.env[v][1] != _identity(self.rank(v)) \
                 and v not in self.used:
             name, have = self.env[v]
-            self.cache[(v, _identity(self.rank(v)))] = self.add(
-                "Transpose", [name], out=self.unique(v, own=True), perm=list(inverse(have)))
+            ident = _identity(self.rank(v))
+            self.cache[(v, ident)] = self.relayout(v, name, have, ident, out=self.unique(v, own=True))
         return self.get(v)
 
     def set(self, v, onnx_name, perm=None):
@@ -481,7 +483,32 @@ def _transpose(ex, node):
 
 @_register("reshape")
 def _reshape(ex, node):
-    ex.emit(node, "Reshape", [ex.get(node.inputs[0]), ex.ints(ex.g.types[node.name].shape)])
+    """A reshape that only adds or drops unit axes keeps the input's layout (a Conv1d's
+    [N, L, C] <-> [N, L, 1, C] stays NCL <-> NCHW); any other reads the input in Kiln's layout."""
+    x = node.inputs[0]
+    shape = ex.g.types[node.name].shape
+    perm = None if ex.is_const(x) else _unit_reshape_layout(ex.g.types[x].shape, ex.env[x][1], shape)
+    if perm is None:
+        ex.emit(node, "Reshape", [ex.get(x), ex.ints(shape)])
+    else:
+        ex.emit(node, "Reshape", [ex.env[x][0], ex.ints([shape[a] for a in perm])], perm)
+
+
+def _unit_reshape_layout(xs, have, ys):
+    """The layout of the reshape of ``xs`` (held in layout ``have``) to ``ys`` that is a plain
+    ONNX Reshape of the held tensor, when the reshape only adds or drops unit axes; else None."""
+    xbig, ybig = [a for a in range(len(xs)) if xs[a] != 1], [a for a in range(len(ys)) if ys[a] != 1]
+    if [xs[a] for a in xbig] != [ys[a] for a in ybig] or have == _identity(len(xs)):
+        return None
+    to_y = dict(zip(xbig, ybig))
+    order = [to_y[a] for a in have if a in to_y]          # the non-unit axes as the held tensor has them
+    made = list(order)
+    for u in (a for a in range(len(ys)) if ys[a] == 1):
+        made.insert(min(u, len(made)), u)
+    for cand in ([NCHW] if len(ys) == 4 else []) + [_identity(len(ys)), tuple(made)]:
+        if [a for a in cand if ys[a] != 1] == order:
+            return tuple(cand)
+    return None
 
 
 @_register("broadcast_to")

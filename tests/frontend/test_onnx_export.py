@@ -123,7 +123,7 @@ def test_imported_models_match_torch(tmp_path, torch_models, name):
     transposes = [n for n in model.graph.node if n.op_type == "Transpose"]
     if name in ("resnet", "dsnet", "mobilenet_v2"):      # global pooling before the classifier
         assert transposes == []
-    if name == "cnn":                                    # only the NHWC flatten before the Linear
+    if name in ("cnn", "conv1d"):                        # only the NHWC flatten before the Linear
         assert len(transposes) == 1
 
 
