@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import traceback
 import warnings
 
 import numpy as np
@@ -75,12 +76,40 @@ def load_pt2(path):
 
 
 def _export_message(e):
-    text = str(e)
+    """The first line of torch's error and the user's source line it came from: from the
+    traceback (non-strict export runs the user's forward), else from the text (strict export's
+    'from user code:' block, 'The following call raised this error: File ...')."""
+    text = str(e).strip()
+    head = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+    where = _user_frame(e) or _user_frame_in_text(text)
+    hint = ("; data-dependent Python control flow on a tensor value cannot be exported: use torch.where or "
+            "torch.cond" if "DataDependent" in type(e).__name__ or "data-dependent" in text else "")
+    return head + (f" (at {where})" if where else "") + hint
+
+
+def _is_user_file(path):
+    here = os.path.dirname(os.path.abspath(__file__))           # Kiln's importer itself
+    return not (path.startswith("<") or f"{os.sep}torch{os.sep}" in path
+                or os.path.abspath(path).startswith(here + os.sep))
+
+
+def _user_frame(e):
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if _is_user_file(f.filename)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f"{f.filename}:{f.lineno}: {(f.line or '').strip()}"
+
+
+def _user_frame_in_text(text):
+    frames = re.findall(r'File "([^"]+)", line (\d+)[^\n]*\n\s*([^\n]*)', text)
+    user = [f for f in frames if _is_user_file(f[0])]
+    if user:
+        f, line, code = user[-1]
+        return f"{f}:{line}: {code.strip()}"
     m = re.search(r"from user code:(.*)", text, re.S)
-    lines = [ln for ln in (m.group(1) if m else text).strip().splitlines() if ln.strip()]
-    head = f"{type(e).__name__}: {text.strip().splitlines()[0] if text.strip() else ''}"
-    where = " | ".join(ln.strip() for ln in lines[-2:]) if m else ""
-    return head + (f" (at {where})" if where else "")
+    lines = [ln.strip() for ln in (m.group(1).strip().splitlines() if m else []) if ln.strip()]
+    return " | ".join(lines[-2:])
 
 
 # ---- conversion ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ Public API (see README.md):
     kiln.nn (Module API and layers), kiln.F (NumPy-like ops; also kiln.exp, kiln.where, ...)
     kiln.step_compiler(name)                                     (compiled training steps for kiln.training)
     kiln.from_torch(module, example_inputs) / kiln.load_model(path: .pt2 .onnx .tflite .json)
+    kiln.export_onnx(graph, path)                                (float graph -> .onnx)
     kiln.eager()                                                 (run ops on arrays, no tracing)
 """
 from kiln import nn  # noqa: E402,F401
@@ -69,5 +70,6 @@ from kiln.frontend.functional import (  # noqa: E402,F401
                            transpose,
                            where,
 )
+from kiln.frontend.onnx_export import export_onnx  # noqa: E402,F401
 from kiln.frontend.torch_import import from_torch  # noqa: E402,F401
 from kiln.training_backends import step_compiler  # noqa: E402,F401

@@ -19,6 +19,7 @@ COMMANDS = {
     "demo": "train, quantise, compile and run the digits CNN on an emulated board; write a report",
     "train": "train a model-zoo model or a user model on the host",
     "import": "import a PyTorch (.pt2) or ONNX (.onnx) model into a Kiln graph, checked against its framework",
+    "export": "export a float model to ONNX (.onnx), checked with onnxruntime",
     "quantize": "post-training quantisation or QAT to int8, with a float-vs-int8 accuracy report",
     "inspect": "show a model's ops, tensors, quantisation, MACs and memory",
     "compile": "compile a model to a C package (Cortex-M / host) or a CUDA package",

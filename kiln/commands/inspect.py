@@ -1,15 +1,18 @@
-"""kiln inspect MODEL.tflite|graph.json: ops table (shapes, dtypes, quantisation), MACs, weight
-bytes and peak activation bytes (inputs and node outputs live from definition to last use, in
-graph order; weights are not counted)."""
+"""kiln inspect MODEL (.tflite, .onnx, .pt2, Kiln graph .json): ops table (shapes, dtypes,
+quantisation), MACs, weight bytes and peak activation bytes (inputs and node outputs live from
+definition to last use, in graph order; weights are not counted), and which targets can run each
+op (kiln/commands/op_support.py: from the op registry and the backends' kernels, before compiling)."""
 from __future__ import annotations
 
 from kiln.frontend import load_model
 from kiln.frontend.errors import KilnError
 from kiln.frontend.registry import get_op
 
+from .op_support import support_text, target_support
+
 
 def add_arguments(p):
-    p.add_argument("model", help="a .tflite file or a Kiln graph .json")
+    p.add_argument("model", help="a .tflite, .onnx or .pt2 model or a Kiln graph .json")
     p.add_argument("--tensors", action="store_true", help="also list every constant (weights, biases)")
 
 
@@ -90,5 +93,6 @@ def run(args):
         raise KilnError(f"{args.model}: could not load")
     s = summarize(g)
     s["model"] = str(args.model)
-    s["text"] = _text(s, args.tensors)
+    s["targets"] = target_support(g)
+    s["text"] = "\n".join([_text(s, args.tensors), *support_text(s["targets"])])
     return s

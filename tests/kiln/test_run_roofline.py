@@ -1,8 +1,8 @@
 """`kiln run`'s per-layer roofline: MACs per instruction against the core's ceiling."""
 import pytest
 
-from kiln.common.cores import CORES
 from kiln.commands.run import roofline
+from kiln.common.cores import CORES
 from kiln.report import plot_roofline
 
 PROFILE = [{"name": "conv", "ops": "conv2d", "macs": 1000, "instructions": 2000, "ticks": 0},
