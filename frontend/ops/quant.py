@@ -167,13 +167,13 @@ def _tfl_quantize(imp, k, op, ins, out):
     tfl.options(imp, k, op, name, "QuantizeOptions")
     x = imp.operand(ins[0], k, name)
     ot = imp.tensors[out]
-    if ot["dtype"] != "int8":
-        raise imp.err(f"{w}: output {imp.label(out)} is {ot['dtype']}; Kiln's QUANTIZE produces int8")
+    if ot["dtype"] not in ("int8", "int16"):
+        raise imp.err(f"{w}: output {imp.label(out)} is {ot['dtype']}; Kiln's QUANTIZE produces int8 or int16")
     chk.per_tensor(imp.err, w, ot["quant"], f"output {imp.label(out)}")
     q = ot["quant"]
-    if imp.g.types[x].dtype == "int8":
+    if imp.g.types[x].dtype in ("int8", "int16"):
         chk.ratio_quant(imp.err, w, imp.g.types[x].quant, q)
-    attrs = {"scale": list(q.scale), "zero_point": list(q.zero_point), "dtype": "int8"}
+    attrs = {"scale": list(q.scale), "zero_point": list(q.zero_point), "dtype": ot["dtype"]}
     imp.values[out] = imp.emit(k, name, "quantize", [x], attrs, out)
 
 
@@ -194,8 +194,8 @@ def _tfl_dequantize(imp, k, op, ins, out):
         imp.folded[out] = tfl.dequantized(imp, ins[0], k, name, "the input")
         return
     x = imp.operand(ins[0], k, name)
-    if imp.g.types[x].dtype != "int8":
-        raise imp.err(f"{w}: input {imp.label(ins[0])} is {imp.g.types[x].dtype}; TFLite's DEQUANTIZE reads int8 "
+    if imp.g.types[x].dtype not in ("int8", "int16"):
+        raise imp.err(f"{w}: input {imp.label(ins[0])} is {imp.g.types[x].dtype}; TFLite's DEQUANTIZE reads int8, int16 "
                       f"(or constant float16) tensors")
     chk.per_tensor(imp.err, w, imp.g.types[x].quant, "the input")
     imp.values[out] = imp.emit(k, name, "dequantize", [x], {"dtype": "float32"}, out)
