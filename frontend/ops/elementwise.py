@@ -374,8 +374,9 @@ tfl.importer("RELU6")(_tfl_unary("relu6", "RELU6"))
 # ---- TFLite export ------------------------------------------------------------------------------
 @tfl.exporter("add", "mul", versions={"ADD": 2, "MUL": 2}, fuses_activation=True)
 def _tfl_export_binary(e, n, act, out, int8):
+    extra = {"PotScaleInt16": False} if n.op == "add" and e.g.types[out].dtype == "int16" else {}   # 16x8: general scales
     e.op(n.op.upper(), [e.value(i) for i in n.inputs], [e.tensor(out, e.g.types[out])],
-         "AddOptions" if n.op == "add" else "MulOptions", int8, FusedActivationFunction=tfl.ACT_CODES[act])
+         "AddOptions" if n.op == "add" else "MulOptions", int8, FusedActivationFunction=tfl.ACT_CODES[act], **extra)
 
 
 _UNARY_BUILTINS = {"sigmoid": "LOGISTIC", "tanh": "TANH", "relu": "RELU", "relu6": "RELU6"}

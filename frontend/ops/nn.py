@@ -1122,7 +1122,8 @@ def _export_bias(e, n, G, xt, wt, is_dw, int8):
         wq, s_in = wt.quant, xt.quant.scale[0]
         bq = QParams(tuple(float(np.float32(s_in) * np.float32(s)) for s in wq.scale), (0,) * len(wq.scale),
                      0 if len(wq.scale) > 1 else None)
-        return [e.const(n.name + "/zero_bias", np.zeros(G["O"], np.int32), bq)]
+        bdt = np.int64 if xt.dtype == "int16" else np.int32     # 16x8: an int64 bias
+        return [e.const(n.name + "/zero_bias", np.zeros(G["O"], bdt), bq)]
     if not is_dw:
         # TFLite's CONV_2D requires a bias in every dtype (its Prepare() checks has_bias)
         return [e.const(n.name + "/zero_bias", np.zeros(G["O"], xt.dtype))]
@@ -1200,8 +1201,13 @@ def dense_int16(xs, attrs, in_types, out_type):
     ws, wz, _ = channel_params(in_types[1], N, "dense")
     wf = w.astype(np.float64) - wz.reshape(N, 1)
     acc = np.rint(np.matmul(x.astype(np.float64), wf.T)).astype(np.int64)
-    mult, shift = requantize_params(s_in, ws, s_out)
-    return _finish16(acc, _bias16(xs, "dense"), mult, shift, z_out, attrs["activation"], s_out)
+    bias = _bias16(xs, "dense")
+    if bias is not None:
+        acc = acc + bias
+    # LiteRT's reference FULLY_CONNECTED requantises in double for int16 as for int8 (see above)
+    y = fc_requantize(acc, fc_effective_scales(s_in, ws, s_out)) + z_out
+    lo, hi = fp.activation_range(attrs["activation"], s_out, z_out, -32768, 32767)
+    return clamp16(y, lo, hi)
 
 
 def avg_pool2d_int16(xs, attrs, in_types, out_type):
