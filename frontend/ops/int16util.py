@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import fixedpoint as fp
 from ..errors import ShapeError
 from .int8util import per_tensor
 
@@ -148,3 +149,73 @@ def tanh16(x, mult, shift):
     r = np.where(uh >= 255, 0xFFFF << 8, (ua << 8) + (a & 0xFF) * (ub - ua))
     r = np.where(v >= 0, r - (1 << 23) + (1 << 7), -r + (1 << 23) + (1 << 7) - 1)
     return (r >> 8).astype(np.int16)
+
+
+# ---- int16 SOFTMAX: TFLite's 513-entry interpolated tables (LUTPopulate<int16_t>, float) ----------
+def lut_populate_int16(transform, input_scale, input_zp, output_scale, output_zp, f=np.float32):
+    """TFLite ``LUTPopulateInt16<float>``: 512 samples of ``transform`` (float32 in, float32 out)
+    over the int16 input range, each biased by half the midpoint interpolation error, plus the
+    end point; every step in float32 as the C++ computes it. Returns 513 int64 values."""
+    in_s, out_s = f(input_scale), f(output_scale)
+    input_min = in_s * f(-32768 - input_zp)
+    input_max = in_s * f(32767 - input_zp)
+    output_min = out_s * f(-32768 - output_zp)
+    output_max = out_s * f(32767 - output_zp)
+    step = (input_max - input_min) / f(512)
+    half = step / f(2)
+    inv = f(65536) / (output_max - output_min)
+    i = np.arange(512).astype(f)
+    val = transform(input_min + i * step)
+    mid = transform(input_min + i * step + half)
+    nxt = transform(input_min + (i + f(1)) * step)
+    rnd = fp.round_half_away
+    sample = rnd((val * inv).astype(f))
+    interp = rnd(((nxt * inv + rnd((val * inv).astype(f))) / f(2)).astype(f))
+    bias = rnd(((interp - rnd((mid * inv).astype(f))) / f(2)).astype(f))
+    lut = np.clip(sample - bias, f(-32768), f(32767)).astype(np.int64)
+    last = np.clip(rnd((transform(np.asarray([input_max], f)) * inv).astype(f)), -32768, 32767).astype(np.int64)
+    return np.concatenate([lut, last])
+
+
+def lut_lookup16(value, lut):
+    """TFLite ``LUTLookup(int16_t, const int16_t*)``: 9-bit index, 7-bit linear interpolation."""
+    v = np.asarray(value, np.int64)
+    idx = 256 + (v >> 7)
+    off = v & 0x7F
+    base = lut[idx]
+    slope = ((lut[idx + 1] - base + 32768) & 0xFFFF) - 32768        # int16_t slope
+    return (((base + ((slope * off + 64) >> 7)) + 32768) & 0xFFFF) - 32768
+
+
+def _exp64(x):
+    return np.exp(np.asarray(x, np.float64))
+
+
+def _one_over_one_plus_x64(x):
+    return 1.0 / (1.0 + np.asarray(x, np.float64))
+
+
+def softmax16_tables():
+    """(exp table over [-10, 0], 1 / (1 + x) table over [0, 1]) of LiteRT's int16 softmax:
+    ``LUTPopulate<int16_t>(10.0 / 65535, ...)`` with double scales and a double transform, which
+    resolves to the double ``LUTPopulateInt16<double>``."""
+    exp_lut = lut_populate_int16(_exp64, 10.0 / 65535, 32767, 2.0 / 65535, 0, np.float64)
+    rec_lut = lut_populate_int16(_one_over_one_plus_x64, 1.0 / 65535, -32768, 2.0 / 65535, 0, np.float64)
+    return exp_lut, rec_lut
+
+
+def softmax16_rows(x, input_scale, beta=1.0):
+    """reference_ops::SoftmaxInt16 over the last axis of ``x`` (int16 in, int16 out scale 1/32768)."""
+    exp_lut, rec_lut = softmax16_tables()
+    m, shift = fp.quantize_multiplier(float(np.float32(input_scale)) * float(np.float32(beta)) / (10.0 / 65535.0))
+    x = np.asarray(x, np.int64)
+    diff = x - x.max(axis=-1, keepdims=True)
+    scaled = fp.multiply_by_quantized_multiplier(diff, m, shift)
+    e = lut_lookup16(np.clip(scaled + 32767, -32768, 32767), exp_lut)
+    total = fp.wrap_int32(e.sum(axis=-1, keepdims=True))
+    h = fp.count_leading_zeros_u32(total)
+    shifted = ((total << (h - 1)) + (1 << 13)) >> 14
+    recip = lut_lookup16(np.clip(shifted - (1 << 15) - (1 << 16), -32768, 32767), rec_lut)
+    right = 31 - h
+    y = (e * recip + (np.int64(1) << (right - 1))) >> right
+    return np.clip(y, 0, 32767).astype(np.int16)

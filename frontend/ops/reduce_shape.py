@@ -26,7 +26,7 @@ from ..registry import (
 from . import tflite_util as tfl
 from ._util import need_float, norm_axes, reduced_shape, tt
 from .int8util import clamp8, f32, int8_io, need_int8, same_quant
-from .int16util import clamp16, int16_io, is_int16, need_int16
+from .int16util import clamp16, int16_io, is_int16, need_int16, softmax16_rows
 
 _RED = {"axes": Attr("ints", None), "keepdims": Attr("bool", False)}
 
@@ -756,4 +756,11 @@ def softmax16_quant(err, where, qi, qo):
 
 
 def softmax_int16(xs, attrs, in_types, out_type):
-    raise NotImplementedError("int16 softmax: not implemented yet")
+    (si, _), (so, _) = int16_io(in_types, out_type, "softmax")
+    if abs(so - 1.0 / 32768) > 0.001 / 32768:
+        raise ShapeError(f"softmax: TFLite's int16 softmax needs output scale 1/32768, got {out_type}")
+    x = xs[0]
+    ax = attrs["axis"] % x.ndim
+    if ax != x.ndim - 1:
+        return np.moveaxis(softmax16_rows(np.moveaxis(x, ax, -1), si), -1, ax)
+    return softmax16_rows(x, si)

@@ -180,3 +180,12 @@ def test_quantize_requantize_16(src, dst):
     _check(g, [x], f"quantize {src}->{dst}")
     g = single_op("dequantize", [("x", t16(shape, s_in), None)], {}, None, out_dtype="float32")
     _check(g, [i16(rng, shape)], "dequantize int16")
+
+
+@settings(**SETTINGS)
+@given(shape=st.lists(st.integers(1, 40), min_size=1, max_size=3), ls=st.floats(-12.0, -2.0), spread=st.integers(1, 32768),
+       seed=st.integers(0, 2 ** 31))
+def test_softmax_16(shape, ls, spread, seed):
+    rng = np.random.default_rng(seed)
+    g = single_op("softmax", [("x", t16(shape, 2.0 ** ls), None)], {"axis": -1}, q(1.0 / 32768), out_dtype="int16")
+    _check(g, [i16(rng, shape, -spread, spread)], f"softmax 16 in_s={2.0 ** ls}")
