@@ -6,7 +6,11 @@ output are quantised: weights int8 symmetric (per output channel, or per tensor)
 scale ``s_in * s_w``, activations int8 asymmetric per tensor; ops whose output quantisation TFLite
 fixes get it (softmax/sigmoid 1/256 zp -128, tanh 1/128 zp 0; pooling, reshape and pad keep their
 input's). By default the graph takes and returns float (``quantize`` at the input, ``dequantize`` at
-the output); ``int8_io=True`` gives int8 input and output, as firmware wants."""
+the output); ``int8_io=True`` gives int8 input and output, as firmware wants.
+
+``activations="int16"`` converts to TFLite's 16x8 scheme instead: int16 activations, symmetric
+(zero point 0, scale max|range| / 32767), int8 weights, int64 biases with scale ``s_in * s_w``;
+softmax, sigmoid and tanh outputs get scale 1/32768 and zero point 0."""
 from __future__ import annotations
 
 import numpy as np
@@ -67,13 +71,38 @@ def quantize_bias(b, s_in, w_q: QParams, n):
     return q, QParams((float(bs[0]),), (0,))
 
 
+def qparams16_from_range(lo, hi) -> QParams:
+    """TFLite 16x8 activation parameters: symmetric int16 (zero point 0), scale max|range| / 32767."""
+    m = max(abs(float(lo)), abs(float(hi)))
+    scale = m / 32767.0
+    if not scale > 0 or not np.isfinite(scale):
+        scale = 1e-8 if np.isfinite(scale) else 1.0
+    return QParams((float(np.float32(scale)),), (0,))
+
+
+def quantize_bias64(b, s_in, w_q: QParams, n):
+    """16x8 bias: int64 with scale float32(s_in) * float32(s_w[c]) (as the TFLite converter forms it)."""
+    ws = np.broadcast_to(np.asarray(w_q.scale, np.float32), (n,))
+    bs = (np.float32(s_in) * ws).astype(np.float32)
+    b = np.zeros(n) if b is None else np.asarray(b, np.float64)
+    q = np.clip(np.round(b / bs.astype(np.float64)), -(1 << 40), 1 << 40).astype(np.int64)
+    if w_q.per_channel:
+        return q, QParams(tuple(float(v) for v in bs), (0,) * n, 0)
+    return q, QParams((float(bs[0]),), (0,))
+
+
+# what differs between int8 and 16x8 activations: (dtype, range -> QParams, fixed output QParams, bias)
+_ACT = {"int8": ("int8", qparams_from_range, None, quantize_bias),
+        "int16": ("int16", qparams16_from_range, QParams((1.0 / 32768,), (0,)), quantize_bias64)}
+
+
 def _qp(scale_zp):
     s, z = scale_zp
     return QParams((float(np.float32(s)),), (int(z),))
 
 
-def _weights_and_bias(q, n, tensors, s_in, per_channel, weight_qparams):
-    """The int8 weights and int32 bias constants of a conv/dense node ``n``, added to ``q``."""
+def _weights_and_bias(q, n, tensors, s_in, per_channel, weight_qparams, qbias=quantize_bias):
+    """The int8 weights and int32 (16x8: int64) bias constants of a conv/dense node ``n``, added to ``q``."""
     wname = n.inputs[1]
     if wname not in tensors:
         raise QuantizationError(f"node {n.name!r}: weights {wname!r} must be a parameter or constant")
@@ -81,19 +110,24 @@ def _weights_and_bias(q, n, tensors, s_in, per_channel, weight_qparams):
                else quantize_weights(tensors[wname], per_channel))
     wn = q.add_const(q.fresh(wname + "_int8"), wq, wqp)
     bias = n.inputs[2] if len(n.inputs) == 3 else None
-    bq, bqp = quantize_bias(tensors[bias] if bias else None, s_in, wqp, wq.shape[0])
-    bn = q.add_const(q.fresh((bias or n.name + "_bias") + "_int32"), bq, bqp)
+    bq, bqp = qbias(tensors[bias] if bias else None, s_in, wqp, wq.shape[0])
+    bn = q.add_const(q.fresh((bias or n.name + "_bias") + "_" + bq.dtype.name), bq, bqp)
     return [wn, bn]
 
 
 def convert(graph: Graph, ranges: dict, per_channel=True, int8_io=False, name=None, qparams=None,
-            weight_qparams=None) -> Graph:
+            weight_qparams=None, activations="int8") -> Graph:
     """Quantise a prepared float graph given activation ranges {value: (lo, hi)}; ``qparams``
     {value: QParams} and ``weight_qparams`` {weight: QParams} give parameters outright instead
-    (an imported int8 model's own scales)."""
+    (an imported int8 model's own scales). ``activations="int16"``: TFLite's 16x8 scheme
+    (int16 symmetric activations, int8 weights, int64 biases; softmax/sigmoid/tanh outputs 1/32768);
+    ``int8_io`` then means integer (int16) input and output."""
+    if activations not in _ACT:
+        raise QuantizationError(f"activations must be 'int8' or 'int16', got {activations!r}")
+    adt, from_range, fixed16, qbias = _ACT[activations]
     qparams, weight_qparams = qparams or {}, weight_qparams or {}
     g = graph
-    q = Graph(name or f"{g.name}_int8")
+    q = Graph(name or f"{g.name}_{'int8' if adt == 'int8' else '16x8'}")
     env, qp = {}, {}
     tensors = {**g.consts, **g.params}
 
@@ -102,16 +136,17 @@ def convert(graph: Graph, ranges: dict, per_channel=True, int8_io=False, name=No
             return qparams[v]
         if v not in ranges:
             raise QuantizationError(f"no calibration range for value {v!r}")
-        return qparams_from_range(*ranges[v])
+        return from_range(*ranges[v])
 
     def const_int8(v):
         """An activation-like constant operand (add/mul): int8 per tensor with its own range."""
         if v in env:
             return env[v]
         a = np.asarray(tensors[v], np.float64)
-        qq = qparams_from_range(float(a.min(initial=0.0)), float(a.max(initial=0.0)))
+        qq = from_range(float(a.min(initial=0.0)), float(a.max(initial=0.0)))
         s, z = qq.scale[0], qq.zero_point[0]
-        data = np.clip(np.round(a / s) + z, -128, 127).astype(np.int8)
+        lo, hi = np.iinfo(adt).min, np.iinfo(adt).max
+        data = np.clip(np.round(a / s) + z, lo, hi).astype(adt)
         env[v] = q.add_const(q.fresh(v + "_q"), data, qq)
         qp[v] = qq
         return env[v]
@@ -121,11 +156,12 @@ def convert(graph: Graph, ranges: dict, per_channel=True, int8_io=False, name=No
         qq = need_range(i)
         qp[i] = qq
         if int8_io:
-            env[i] = q.add_input(i, TensorType(t.shape, "int8", qq))
+            env[i] = q.add_input(i, TensorType(t.shape, adt, qq))
         else:
             q.add_input(i, t)
-            env[i] = q.add_node("quantize", [i], {"scale": list(qq.scale), "zero_point": list(qq.zero_point)},
-                                name=q.fresh(i + "_quant"), out_type=TensorType(t.shape, "int8", qq))
+            env[i] = q.add_node("quantize", [i], {"scale": list(qq.scale), "zero_point": list(qq.zero_point),
+                                                  "dtype": adt},
+                                name=q.fresh(i + "_quant"), out_type=TensorType(t.shape, adt, qq))
 
     def operand(v):
         if v in env:
@@ -140,8 +176,9 @@ def convert(graph: Graph, ranges: dict, per_channel=True, int8_io=False, name=No
         if qp[v] == target:
             return src
         t = q.types[src]
-        return q.add_node("quantize", [src], {"scale": list(target.scale), "zero_point": list(target.zero_point)},
-                          name=q.fresh(v + "_requant"), out_type=TensorType(t.shape, "int8", target))
+        return q.add_node("quantize", [src], {"scale": list(target.scale), "zero_point": list(target.zero_point),
+                                              "dtype": adt},
+                          name=q.fresh(v + "_requant"), out_type=TensorType(t.shape, adt, target))
 
     for n in g.nodes:
         rule = get_op(n.op).quant
@@ -151,11 +188,11 @@ def convert(graph: Graph, ranges: dict, per_channel=True, int8_io=False, name=No
         out_t = g.types[n.name]
         if rule.inputs == "weights":
             inputs = [operand(n.inputs[0])] + _weights_and_bias(q, n, tensors, qp[n.inputs[0]].scale[0],
-                                                                per_channel, weight_qparams)
+                                                                per_channel, weight_qparams, qbias)
             oq = need_range(n.name)
         elif rule.output == "fixed":
             inputs = [operand(v) for v in n.inputs]
-            oq = _qp(rule.fixed)
+            oq = fixed16 or _qp(rule.fixed)
         elif rule.output == "input":
             inputs = [operand(n.inputs[0])] + [operand(v) for v in n.inputs[1:]]
             oq = qp[n.inputs[0]]
@@ -165,7 +202,7 @@ def convert(graph: Graph, ranges: dict, per_channel=True, int8_io=False, name=No
         else:   # calibrated output, int8 operands (add, mul, mean, relu, relu6)
             inputs = [operand(v) for v in n.inputs]
             oq = need_range(n.name)
-        env[n.name] = q.add_node(n.op, inputs, n.attrs, name=n.name, out_type=TensorType(out_t.shape, "int8", oq))
+        env[n.name] = q.add_node(n.op, inputs, n.attrs, name=n.name, out_type=TensorType(out_t.shape, adt, oq))
         qp[n.name] = oq
 
     for o in g.outputs:
@@ -175,5 +212,5 @@ def convert(graph: Graph, ranges: dict, per_channel=True, int8_io=False, name=No
             t = g.types[o]
             q.outputs.append(q.add_node("dequantize", [env[o]], {"dtype": t.dtype}, name=q.fresh(o + "_dequant"),
                                         out_type=TensorType(t.shape, t.dtype)))
-    q.meta.update(quantized="int8", per_channel=bool(per_channel), int8_io=bool(int8_io))
+    q.meta.update(quantized="int8" if adt == "int8" else "16x8", per_channel=bool(per_channel), int8_io=bool(int8_io))
     return q
