@@ -7,14 +7,13 @@ from tvm import te, tirx
 
 from kiln.frontend import fixedpoint as fp
 from kiln.frontend.ops import norm_axes
+from kiln.frontend.ops.int16util import softmax16_tables
 from kiln.frontend.ops.reduce_shape import (
     SOFTMAX_ACCUMULATION_INTEGER_BITS,
     SOFTMAX_SCALED_DIFF_INTEGER_BITS,
     mean_params,
     softmax_params,
 )
-
-from kiln.frontend.ops.int16util import softmax16_tables
 
 from . import gemmlowp, inplace, qmath
 from .lower import decompose_reductions, lower_rule, lower_te
