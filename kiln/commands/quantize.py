@@ -225,15 +225,16 @@ def _text(rep):
             f"{'per-channel' if rep['per_channel'] else 'per-tensor'} weights) of {rep['model']}: calibrated on {rep['calibration_samples']} samples, evaluated on "
             f"{rep['eval_samples']} of {rep['data']}")
     lines = [head]
+    qn = rep.get("activations", "int8").replace("int16", "16x8")      # the JSON keys keep their int8_ names
     if rep.get("task") == "classification":
-        lines.append(f"  accuracy: float {100 * rep['float_accuracy']:.2f}%   int8 {100 * rep['int8_accuracy']:.2f}%"
+        lines.append(f"  accuracy: float {100 * rep['float_accuracy']:.2f}%   {qn} {100 * rep['int8_accuracy']:.2f}%"
                      f"   delta {rep['delta_pp']:+.2f} pp")
     elif rep.get("task") == "regression":
         f, q = rep["float_error"], rep["int8_error"]
         lines.append(f"  error vs expected outputs: float MSE {f['mse']:.4g} MAE {f['mae']:.4g}   "
-                     f"int8 MSE {q['mse']:.4g} MAE {q['mae']:.4g}")
+                     f"{qn} MSE {q['mse']:.4g} MAE {q['mae']:.4g}")
     d = rep["int8_vs_float"]
     lsb = f" ({d['mean_lsb']:.2f} LSB mean, {d['max_lsb']:.1f} LSB max)" if "mean_lsb" in d else ""
-    lines.append(f"  int8 vs float outputs: mean |diff| {d['mae']:.4g}, max {d['max_abs']:.4g}{lsb}")
+    lines.append(f"  {qn} vs float outputs: mean |diff| {d['mae']:.4g}, max {d['max_abs']:.4g}{lsb}")
     lines += [f"  wrote {k}: {v}" for k, v in rep["files"].items()]
     return "\n".join(lines)
