@@ -38,6 +38,9 @@ def add_arguments(p):
     p.add_argument("--activations", default="int8", choices=["int8", "int16"],
                    help="activation type: int8 (default) or int16, TFLite's 16x8 quantisation (int16 symmetric "
                         "activations, int8 weights, int64 biases)")
+    p.add_argument("--int16-layers", default=None, metavar="NODE,...",
+                   help="mixed precision: these nodes (names as `kiln inspect` shows them) get int16 "
+                        "activations, the rest --activations; QUANTIZE nodes convert between them")
     p.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor (default: per channel)")
     p.add_argument("--int8-io", action="store_true", help="int8 inputs and outputs (default: float, with "
                    "quantize/dequantize at the edges)")
@@ -186,14 +189,14 @@ def run(args):
     calib, ev, targets, described = load_data(args.data, g)
     calib = [a[:args.calibration_size] for a in calib]
     t0 = time.time()
-    if args.qat and args.activations != "int8":
+    if args.qat and (args.activations != "int8" or args.int16_layers):
         raise KilnError("--qat fine-tunes for int8 activations; for --activations int16 use post-training "
                         "quantisation (drop --qat)")
     if args.qat:
         q = _qat(Q, g, args, calib)
     else:
         q = Q.ptq(g, calib if len(calib) > 1 else calib[0], per_channel=not args.per_tensor, method=args.method,
-                  int8_io=args.int8_io, activations=args.activations)
+                  int8_io=args.int8_io, activations=_activations(args))
     seconds = time.time() - t0
     q.meta["float_model"] = os.path.abspath(args.model)
     result = evaluate(g, q, ev, targets)
@@ -203,12 +206,19 @@ def run(args):
         Q.export_tflite(q, args.tflite)
         files["tflite"] = args.tflite
     rep = {"model": args.model, "mode": "qat" if args.qat else "ptq", "method": args.method,
-           "activations": args.activations,
+           "activations": args.activations, "int16_layers": q.meta.get("int16_layers"),
            "per_channel": not args.per_tensor, "int8_io": bool(args.int8_io), "data": described,
            "calibration_samples": len(calib[0]), "eval_samples": len(ev[0]), **result,
            "seconds": round(seconds, 2), "files": files}
     rep["text"] = _text(rep)
     return rep
+
+
+def _activations(args):
+    if not args.int16_layers:
+        return args.activations
+    names = [n.strip() for n in args.int16_layers.split(",") if n.strip()]
+    return {"*": args.activations, **{n: "int16" for n in names}}
 
 
 def _qat(Q, g, args, calib):

@@ -79,3 +79,32 @@ def test_cli_quantize_int16(digits_model, tmp_path, capsys):
     assert rc8 == 0 and rep["int8_vs_float"]["mae"] < rep8["int8_vs_float"]["mae"]
     assert main(["quantize", src, "--data", "digits", "--activations", "int16", "--qat"]) == 2
     assert "--qat" in capsys.readouterr().err
+
+
+def test_mixed_int8_int16_layers(digits_model, tmp_path):
+    """Per-layer precision: chosen nodes int16, the rest int8, QUANTIZE nodes between them; LiteRT
+    and the host C run it bit-exactly like the reference."""
+    from kiln.backends import compile as compile_pkg
+    from kiln.frontend.graph_passes import prepare
+    g, (train, test) = digits_model
+    names = [n.name for n in prepare(g).nodes]          # conv, conv, max_pool, reshape, dense
+    layers = {"*": "int8", names[1]: "int16", names[2]: "int16", names[4]: "int16"}
+    q = ptq(g, train.x[:200], activations=layers, int8_io=True)
+    assert q.meta["quantized"] == "mixed" and q.meta["int16_layers"] == sorted([names[1], names[2], names[4]])
+    dts = {n.name: q.types[n.name].dtype for n in q.nodes}
+    assert dts[names[0]] == "int8" and dts[names[1]] == dts[names[4]] == "int16" and dts[names[3]] == "int8"
+    assert q.types[q.outputs[0]].dtype == "int8" and q.types[q.inputs[0]].dtype == "int8"
+    convs = [n for n in q.nodes if n.op == "quantize"]
+    # int8 -> int16 (conv 2), int16 -> int8 (reshape), back (dense), int16 -> int8 (the int8 output)
+    assert len(convs) == 4
+    data = export_tflite(q)
+    t = q.types[q.inputs[0]]
+    g1 = with_batch(q, 1)
+    pkg = compile_pkg(g1, target="host", out_dir=tmp_path / "mixed", plot=False, measure_size=False)
+    for x in test.x[:10]:
+        xq = quantize_array(x.reshape(t.shape), t.quant.scale[0], t.quant.zero_point[0], "int8")
+        want = run(g1, xq)[0]
+        np.testing.assert_array_equal(litert_run(data, [xq])[0], want)
+        np.testing.assert_array_equal(np.asarray(pkg.run(xq)).reshape(want.shape), want)
+    with pytest.raises(QuantizationError, match="does not have"):
+        ptq(g, train.x[:20], activations={"nope": "int16"})
