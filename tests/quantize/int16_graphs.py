@@ -43,6 +43,16 @@ def linear_graph(rng):
     g.add_node("dense", ["fl", "fw", "fb"], {"activation": "none"}, name="fc",
                out_type=TensorType((1, 10), "int16", q(0.05)))
     g.outputs += ["ap", "mp", "fc"]
+    # an accumulator beyond int32: 64 channels saturated at 32767, then a 3x3 conv of +127 weights
+    # (576 * 127 * 32767 > 2^31): the C kernel accumulates in int64 there
+    g.add_const("sat_w", np.full((64, 1, 1, 4), 127, np.int8), q(0.01))
+    g.add_const("sat_b", np.full(64, 1 << 40, np.int64), q(1e-5))
+    g.add_node("conv2d", ["x", "sat_w", "sat_b"], {"activation": "none"}, name="sat",
+               out_type=TensorType((1, 6, 5, 64), "int16", q(1e-3)))
+    g.add_const("wide_w", np.full((2, 3, 3, 64), 127, np.int8), q(0.01))
+    g.add_node("conv2d", ["sat", "wide_w"], {"activation": "none", "padding": "same"}, name="wide",
+               out_type=TensorType((1, 6, 5, 2), "int16", q(1e-3 * 0.01 * 3e6)))
+    g.outputs += ["sat", "wide"]
     return g
 
 
