@@ -1,7 +1,7 @@
 """Ops that exist because of quantisation: ``quantize``, ``dequantize`` and ``fake_quant``.
 
-- ``quantize(x; scale, zero_point, dtype)``: float -> int8 as TFLite's QUANTIZE computes it
-  (``round_half_away(float32(x) / float32(scale)) + zp``, clamped), or int8 -> int8
+- ``quantize(x; scale, zero_point, dtype)``: float -> int8 or int16 as TFLite's QUANTIZE computes it
+  (``round_half_away(float32(x) / float32(scale)) + zp``, clamped), or int8/int16 -> int8/int16
   requantisation (``multiply_by_quantized_multiplier`` by ``in_scale / out_scale``).
 - ``dequantize(q)``: ``float32(double(scale) * (q - zp))``.
 - ``fake_quant(x; scale, zero_point, axis, qmin, qmax)``: float -> float, the quantise-dequantise
@@ -70,7 +70,7 @@ def _quantize_ref(xs, a, in_types=None, out_type=None):
 register("quantize", attrs={"scale": Attr("any", REQUIRED), "zero_point": Attr("ints", (0,)),
                             "dtype": Attr("str", "int8")},
          infer=_quantize_infer, ref=lambda xs, a: _quantize_ref(xs, a), props={QUANTIZABLE, UNARY, ELEMENTWISE, NONDIFF},
-         arity=1, doc="float -> int8 (TFLite QUANTIZE) or int8 -> int8 requantisation")
+         arity=1, doc="float -> int8 or int16 (TFLite QUANTIZE), or int8/int16 -> int8/int16 requantisation")
 
 
 def _quantize_int8(xs, a, in_types, out_type):
@@ -108,7 +108,7 @@ def _dequantize_noquant(xs, a):
 
 register("dequantize", attrs={"dtype": Attr("str", "float32", ("float32", "float64"))},
          infer=_dequantize_infer, ref=_dequantize_noquant, props={QUANTIZABLE, UNARY, ELEMENTWISE, NONDIFF}, arity=1,
-         doc="int8 -> float: scale * (q - zero_point) (TFLite DEQUANTIZE)")
+         doc="int8 or int16 -> float: scale * (q - zero_point) (TFLite DEQUANTIZE)")
 get_op("dequantize").int8_ref = _dequantize_int8
 
 
