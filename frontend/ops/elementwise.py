@@ -37,6 +37,7 @@ from .int16util import (
     is_int16,
     logistic16,
     lut_activation_params,
+    symmetric16,
     tanh16,
 )
 
@@ -340,6 +341,9 @@ def _tfl_binary(kop, name, opts_cls):
         if ts[0].dtype == "int8" and ts[1].dtype == "int8":
             check = chk.add_quant if kop == "add" else chk.mul_quant
             check(imp.err, tfl.where(k, name), ts[0].quant, ts[1].quant, imp.tensors[out]["quant"], act)
+        if kop == "mul" and ts[0].dtype == "int16":
+            symmetric16(imp.err, tfl.where(k, name), [("input 0", ts[0].quant), ("input 1", ts[1].quant),
+                                                      ("the output", imp.tensors[out]["quant"])])
         imp.finish(k, name, kop, xs, {}, out, act)
     return conv
 
@@ -359,6 +363,8 @@ def _tfl_unary(kop, name):
             else:
                 chk.ratio_quant(imp.err, w, xt.quant, oq)
                 chk.activation_range(imp.err, w, kop, oq.scale[0])
+        if xt.dtype == "int16" and kop in ("sigmoid", "tanh"):
+            lut16_quant(imp.err, w, xt.quant, oq, name)
         imp.values[out] = imp.emit(k, name, kop, [x], {}, out)
     return conv
 
@@ -436,3 +442,11 @@ def lut_int16(xs, in_types, out_type, op, fn):
         return logistic16(xs[0], mult, shift)
     mult, shift = lut_activation_params(si, lambda sh: sh in (0, 1))
     return tanh16(xs[0], mult, shift)
+
+
+def lut16_quant(err, where, qi, qo, name):
+    """int16 LOGISTIC / TANH Prepare: zero points 0, output scale 1/32768."""
+    symmetric16(err, where, [("the input", qi), ("the output", qo)])
+    pot, log2 = checked_log2(qo.scale[0])
+    if not pot or log2 != -15:
+        raise err(f"{where}: output scale {qo.scale[0]!r} is out of range: allowed 1/32768 (TFLite's int16 {name})")

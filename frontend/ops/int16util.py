@@ -42,6 +42,15 @@ def int16_io(in_types, out_type, op, n=1, symmetric=True):
     return out
 
 
+def symmetric16(err, where, named_quants):
+    """Import check of TFLite's 16x8 kernels' Prepare: every (what, QParams) has zero point 0."""
+    for what, q in named_quants:
+        z = [int(v) for v in (q.zero_point if q is not None else ()) if v != 0]
+        if z:
+            raise err(f"{where}: {what} zero_point {z[0]} is out of range: allowed 0 (TFLite's int16 kernels need "
+                      f"symmetric int16 tensors)")
+
+
 def clamp16(y, lo=QMIN16, hi=QMAX16):
     return np.clip(np.asarray(y, np.int64), lo, hi).astype(np.int16)
 

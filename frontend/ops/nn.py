@@ -44,7 +44,7 @@ from .int8util import (
     same_quant,
     trunc_div,
 )
-from .int16util import clamp16, int16_io, is_16x8, is_int16, mbqm64
+from .int16util import clamp16, int16_io, is_16x8, is_int16, mbqm64, symmetric16
 
 ACT = Attr("str", "none", ("none", "relu", "relu6"))
 
@@ -974,6 +974,8 @@ def _tfl_conv(imp, k, op, ins, out):
     if dtype in ("int8", "int16"):
         chk.conv_quant(imp.err, tfl.where(k, name), xt.quant, wq, imp.tensors[ins[2]]["quant"], imp.tensors[out]["quant"],
                        wdata.shape, O, act, lambda axis: axis == 0)
+    if dtype == "int16":
+        symmetric16(imp.err, tfl.where(k, name), [("the input", xt.quant), ("the output", imp.tensors[out]["quant"])])
     wname = imp._vname(imp.tensors[ins[1]]["name"])
     imp.g.add_const(wname, wdata, wq)
     inputs = [x, wname] + [b for b in [tfl.bias(imp, k, name, ins, dtype, O)] if b is not None]
@@ -999,6 +1001,8 @@ def _tfl_depthwise(imp, k, op, ins, out):
     if dtype in ("int8", "int16"):
         chk.conv_quant(imp.err, tfl.where(k, name), xt.quant, wq, imp.tensors[ins[2]]["quant"] if len(ins) == 3 else None,
                        imp.tensors[out]["quant"], wdata.shape, O, act, lambda axis: axis == 3)
+    if dtype == "int16":
+        symmetric16(imp.err, tfl.where(k, name), [("the input", xt.quant), ("the output", imp.tensors[out]["quant"])])
         if wq.per_channel and len(wq.scale) > 1:
             wq = QParams(wq.scale, wq.zero_point, 0)
     attrs["groups"] = C
@@ -1046,6 +1050,8 @@ def _tfl_fc(imp, k, op, ins, out):
         else:
             chk.fc_per_tensor(imp.err, w, xt["quant"], wq, len(ins) == 3 and ins[2] >= 0, bq,
                               imp.tensors[out]["quant"], act)
+    if xt["dtype"] == "int16":
+        symmetric16(imp.err, w, [("the input", xt["quant"]), ("the output", imp.tensors[out]["quant"])])
     x = imp.operand(ins[0], k, name)
     wname = imp._vname(wt["name"])
     imp.g.add_const(wname, wdata, wq)

@@ -189,3 +189,25 @@ def test_softmax_16(shape, ls, spread, seed):
     rng = np.random.default_rng(seed)
     g = single_op("softmax", [("x", t16(shape, 2.0 ** ls), None)], {"axis": -1}, q(1.0 / 32768), out_dtype="int16")
     _check(g, [i16(rng, shape, -spread, spread)], f"softmax 16 in_s={2.0 ** ls}")
+
+
+@pytest.mark.parametrize("op", ["conv2d", "dense", "mul", "sigmoid"])
+def test_import_refuses_asymmetric_int16(op):
+    """TFLite's 16x8 kernels need zero point 0: a file with another is refused on import, by name."""
+    from kiln.frontend.tflite_verify import TFLiteImportError
+    rng = np.random.default_rng(0)
+    if op == "conv2d":
+        g = single_op(op, [("x", t16((1, 4, 4, 2), 1e-3, 5), None),
+                           ("w", TensorType((3, 1, 1, 2), "int8", q(0.01)), rng.integers(-9, 9, (3, 1, 1, 2)))],
+                      {}, q(0.05), out_dtype="int16")
+    elif op == "dense":
+        g = single_op(op, [("x", t16((1, 4), 1e-3, 5), None),
+                           ("w", TensorType((3, 4), "int8", q(0.01)), rng.integers(-9, 9, (3, 4)))],
+                      {}, q(0.05), out_dtype="int16")
+    elif op == "mul":
+        g = single_op(op, [("a", t16((4,), 1e-3, 5), None), ("b", t16((4,), 1e-3), None)], {}, q(1e-3),
+                      out_dtype="int16")
+    else:
+        g = single_op(op, [("x", t16((4,), 1e-3), None)], {}, q(1 / 32768, 7), out_dtype="int16")
+    with pytest.raises(TFLiteImportError, match="zero_point (5|7) is out of range: allowed 0"):
+        load_tflite(export_tflite(g))
