@@ -211,3 +211,14 @@ def test_import_refuses_asymmetric_int16(op):
         g = single_op(op, [("x", t16((4,), 1e-3), None)], {}, q(1 / 32768, 7), out_dtype="int16")
     with pytest.raises(TFLiteImportError, match="zero_point (5|7) is out of range: allowed 0"):
         load_tflite(export_tflite(g))
+
+
+def test_softmax_16_tables_exhaustively():
+    """Rows [0, -d] for every d: the exp table over its whole range and the 1/(1+x) table over
+    [1, 2] (the row sums), against LiteRT."""
+    d = np.arange(0, 32768, dtype=np.int64)
+    x = np.stack([np.zeros_like(d), -d], axis=1).astype(np.int16)
+    for in_s in (10.0 / 65535, 10.0 / 32767 / 3):
+        g = single_op("softmax", [("x", t16(x.shape, in_s), None)], {"axis": -1}, q(1.0 / 32768), out_dtype="int16")
+        got, want = compare(g, [x])
+        assert_same(got, want, f"softmax rows in_s={in_s}")
