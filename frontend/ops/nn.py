@@ -1001,10 +1001,10 @@ def _tfl_depthwise(imp, k, op, ins, out):
     if dtype in ("int8", "int16"):
         chk.conv_quant(imp.err, tfl.where(k, name), xt.quant, wq, imp.tensors[ins[2]]["quant"] if len(ins) == 3 else None,
                        imp.tensors[out]["quant"], wdata.shape, O, act, lambda axis: axis == 3)
-    if dtype == "int16":
-        symmetric16(imp.err, tfl.where(k, name), [("the input", xt.quant), ("the output", imp.tensors[out]["quant"])])
         if wq.per_channel and len(wq.scale) > 1:
             wq = QParams(wq.scale, wq.zero_point, 0)
+    if dtype == "int16":
+        symmetric16(imp.err, tfl.where(k, name), [("the input", xt.quant), ("the output", imp.tensors[out]["quant"])])
     attrs["groups"] = C
     w_ohwi = np.ascontiguousarray(np.transpose(wdata, (3, 1, 2, 0)))
     checked_conv_geometry(imp, k, name, xt.shape, w_ohwi.shape, attrs)
