@@ -139,6 +139,8 @@ class KernelBuilder:
             return self._by_value[value]
         t = self.graph.types[value]
         kind = "const" if value in self.consts else "value"
+        if t.dtype == "int64" and kind == "const" and int16_bias_reader(self, value):
+            return None       # a 16x8 bias: its rule reads the constant (k.value) and stores int32 parts
         if t.dtype in ("bfloat16", "float16", "float64", "bool", "int64"):
             self.fail(f"dtype {t.dtype} of {value!r} is not supported by the C backend")
         ph = te.placeholder(t.shape or (1,), t.dtype, name=c_ident(value))
@@ -350,3 +352,12 @@ def lower_group(graph, group, target, consts, kname) -> Kernel:
 def source_key(src, name):
     """Hash of a kernel's C text with its own name blanked (identical kernels are shared)."""
     return hashlib.sha1(src.replace(name, "@").encode()).hexdigest()
+
+
+# ---- int16 ----------------------------------------------------------------------------------------
+def int16_bias_reader(k, value):
+    """Whether ``value`` (an int64 constant) is the bias of a 16x8 conv2d/dense node that the
+    current node is: its C rule (backends/ops_nn.py) reads it at compile time."""
+    n = k.node
+    return (n is not None and n.op in ("conv2d", "dense") and len(n.inputs) == 3 and n.inputs[2] == value
+            and k.type(n.inputs[0]).dtype == "int16")

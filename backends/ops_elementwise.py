@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from kiln.frontend.ops.elementwise import ADD_LEFT_SHIFT, add_params, mul_params
+from kiln.frontend.ops.elementwise import ADD_LEFT_SHIFT, ADD_LEFT_SHIFT_16, add_params, mul_params
+from kiln.frontend.ops.int16util import SIGMOID_TABLE_U16, checked_log2, lut_activation_params
 from kiln.frontend.registry import get_op
 
 from . import qmath
@@ -60,6 +61,8 @@ def _unary_rule(name):
         x = xs[0]
         tx, ty = k.type(node.inputs[0]), k.type(node.name)
         k.inplace_hints_of_op()
+        if tx.dtype == "int16":
+            return unary16(k, node, x, tx, ty)
         if tx.dtype != "int8" or tx.quant is None:
             k.fail(f"int8 {name} needs a quantised int8 input, got {tx}")
         if name in ("relu", "relu6") and tx.quant == ty.quant:
@@ -118,6 +121,8 @@ def _binary_rule(name, kernel):
             return None                      # float: the op's TE compute
         t1, t2, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
         k.inplace_hints_of_op()
+        if t1.dtype == "int16":
+            return binary16(k, node, xs, t1, t2, ty)
         for t in (t1, t2, ty):
             if t.dtype != "int8" or t.quant is None or t.quant.per_channel:
                 k.fail(f"int8 {name} needs per-tensor quantised int8 operands, got {t}")
@@ -127,3 +132,75 @@ def _binary_rule(name, kernel):
 
 lower_rule("add")(_binary_rule("add", _add_int8))
 lower_rule("mul")(_binary_rule("mul", _mul_int8))
+
+
+# ---- int16 ----------------------------------------------------------------------------------------
+# TFLite's 16x8 ADD (left shift 15), MUL, RELU/RELU6 (requantise and clamp) and LOGISTIC/TANH (the
+# interpolated 256-entry sigmoid table of reference_integer_ops), as the int16 references compute them.
+def binary16(k, node, xs, t1, t2, ty):
+    for t in (t1, t2, ty):
+        if t.dtype != "int16" or t.quant is None or t.quant.per_channel:
+            k.fail(f"int16 {node.op} needs per-tensor quantised int16 operands, got {t}")
+    z1, z2, zo = (int(t.quant.zero_point[0]) for t in (t1, t2, ty))
+    s1, s2, so = (float(np.float32(t.quant.scale[0])) for t in (t1, t2, ty))
+    a, b = xs
+    if node.op == "mul":
+        m, sh = mul_params(s1, s2, so)
+
+        def body(*i):
+            v = (_load(a, t1, ty, i).astype("int32") - c(z1)) * (_load(b, t2, ty, i).astype("int32") - c(z2))
+            return qmath.clamp(qmath.mbqm(v, c(m), sh) + c(zo), -32768, 32767).astype("int16")
+        return te.compute(_out_shape(ty), body, name="mul16")
+    twice = 2.0 * max(s1, s2)
+    (m1, sh1), (m2, sh2) = qmath.quantize_multiplier(s1 / twice), qmath.quantize_multiplier(s2 / twice)
+    mo, sho = qmath.quantize_multiplier(twice / ((1 << ADD_LEFT_SHIFT_16) * so))
+
+    def add(*i):
+        v1 = (_load(a, t1, ty, i).astype("int32") - c(z1)) * c(1 << ADD_LEFT_SHIFT_16)
+        v2 = (_load(b, t2, ty, i).astype("int32") - c(z2)) * c(1 << ADD_LEFT_SHIFT_16)
+        return qmath.let("s1", qmath.mbqm(v1, c(m1), sh1), lambda u1: qmath.let(
+            "s2", qmath.mbqm(v2, c(m2), sh2), lambda u2: qmath.clamp(
+                qmath.mbqm(u1 + u2, c(mo), sho) + c(zo), -32768, 32767).astype("int16")))
+    return te.compute(_out_shape(ty), add, name="add16")
+
+
+def unary16(k, node, x, tx, ty):
+    name = node.op
+    if tx.quant is None or ty.quant is None or ty.dtype != "int16":
+        k.fail(f"int16 {name} needs quantised int16 input and output, got {tx} -> {ty}")
+    si, zi = float(np.float32(tx.quant.scale[0])), int(tx.quant.zero_point[0])
+    so, zo = float(np.float32(ty.quant.scale[0])), int(ty.quant.zero_point[0])
+    if name in ("relu", "relu6"):
+        m, sh = qmath.quantize_multiplier(float(np.float32(si) / np.float32(so)))
+        lo, hi = qmath.activation_range(name, so, zo, -32768, 32767)
+        return te.compute(_out_shape(ty), lambda *i: qmath.clamp(
+            qmath.mbqm(x(*i).astype("int32") - c(zi), c(m), sh) + c(zo), lo, hi).astype("int16"), name=name + "16")
+    if name not in ("sigmoid", "tanh"):
+        k.fail(f"int16 {name} has no C kernel (int16: relu, relu6, sigmoid, tanh)")
+    pot, log2 = checked_log2(so)
+    if zi or zo or not pot or log2 != -15:
+        k.fail(f"int16 {name} needs zero points 0 and output scale 1/32768 (TFLite), got {tx} -> {ty}")
+    mult, shift = lut_activation_params(si, (lambda s: s == 0) if name == "sigmoid" else (lambda s: s in (0, 1)))
+    if mult == 0:
+        mult, shift = 3 << shift, 0
+    table = k.const("sigtab", SIGMOID_TABLE_U16.astype(np.int32))
+    frac = 9 if name == "sigmoid" else 8
+    rnd = (1 << (shift - 1)) if shift > 0 else 0
+
+    v = te.compute(_out_shape(ty), lambda *i: (x(*i).astype("int32") * c(mult) + c(rnd)) >> c(shift), name="lv")
+    a = te.compute(_out_shape(ty), lambda *i: tirx.Select(v(*i) < c(0), -v(*i), v(*i)), name="la")
+    return te.compute(_out_shape(ty), lambda *i: _lut16_tail(name, v(*i), a(*i), a(*i) >> c(frac), table, frac),
+                      name=name + "16")
+
+
+def _lut16_tail(name, v, a, uh, table, frac):
+    idx = tirx.min(uh, c(254))
+    ua, ub = table[idx], table[idx + c(1)]
+    mask = c((1 << frac) - 1)
+    sat = c(0x7FFF << 10) if name == "sigmoid" else c(0xFFFF << 8)
+    r = tirx.Select(uh >= c(255), sat, (ua << c(frac)) + tirx.bitwise_and(a, mask) * (ub - ua))
+    if name == "sigmoid":
+        r = tirx.Select(v >= c(0), r + c(1 << 9), c(1 << 25) - r + c((1 << 9) - 1))
+        return (r >> c(10)).astype("int16")
+    r = tirx.Select(v >= c(0), r - c(1 << 23) + c(1 << 7), c(1 << 23) - r + c((1 << 7) - 1))
+    return (r >> c(8)).astype("int16")

@@ -7,6 +7,7 @@ from tvm import te, tirx
 
 from kiln.frontend import fixedpoint as fp
 from kiln.frontend.ops import norm_axes
+from kiln.frontend.ops.int16util import softmax16_tables
 from kiln.frontend.ops.reduce_shape import (
     SOFTMAX_ACCUMULATION_INTEGER_BITS,
     SOFTMAX_SCALED_DIFF_INTEGER_BITS,
@@ -142,6 +143,8 @@ def lower_softmax(k, node, xs):
     if not _q(k, node):
         return None                          # float: the op's TE compute
     tx, ty = k.type(node.inputs[0]), k.type(node.name)
+    if tx.dtype == "int16":
+        return softmax16(k, node, xs[0], tx, ty)
     if tx.dtype != "int8" or tx.quant is None:
         k.fail(f"int8 softmax needs a quantised int8 input, got {tx}")
     return _softmax_int8(k, node, xs[0], tx, ty)
@@ -178,9 +181,11 @@ def lower_mean(k, node, xs):
     m, sh = mean_params(tx.quant.scale[0], ty.quant.scale[0], count)
     acc = te.compute(shape, lambda *i: te.sum(x[full(idx(i))].astype("int32"), axis=raxes), name="acc")
 
+    lo, hi = (-32768, 32767) if ty.dtype == "int16" else (-128, 127)     # int16: TFLite's 16x8 MEAN
+
     def body(*i):
         v = qmath.mbqm(acc(*i) - c(zi * count), c(m), sh)
-        return qmath.clamp(v + c(zo), -128, 127).astype("int8")
+        return qmath.clamp(v + c(zo), lo, hi).astype(ty.dtype)
     return te.compute(shape, body, name="mean")
 
 
@@ -218,22 +223,23 @@ def _round_half_away(v):
 def lower_quantize(k, node, xs):
     x = xs[0]
     tx, ty = k.type(node.inputs[0]), k.type(node.name)
-    if ty.quant is None or ty.quant.per_channel or ty.dtype != "int8":
-        k.fail(f"quantize to {ty}: per-tensor int8 output expected")
+    if ty.quant is None or ty.quant.per_channel or ty.dtype not in ("int8", "int16"):
+        k.fail(f"quantize to {ty}: per-tensor int8 or int16 output expected")
+    qlo, qhi = (-32768, 32767) if ty.dtype == "int16" else (-128, 127)
     zo, so = int(ty.quant.zero_point[0]), float(np.float32(ty.quant.scale[0]))
     k.inplace(node.inputs[0], inplace.elementwise_shift(tx, ty) or 0)
     if tx.dtype == F32:
         # the scale as a float32 constant array: C literals printed by TVM keep only 7 digits
         sc = k.const("scale", np.asarray([so], np.float32))
-        lo, hi = float(-128 - zo), float(127 - zo)
+        lo, hi = float(qlo - zo), float(qhi - zo)
         return te.compute(_shape(ty), lambda *i: (qmath.let("qv", _round_half_away(x(*i) / sc[0]), lambda r: tirx.max(
-            tirx.min(r, tirx.const(hi, F32)), tirx.const(lo, F32)), F32).astype("int32") + c(zo)).astype("int8"),
+            tirx.min(r, tirx.const(hi, F32)), tirx.const(lo, F32)), F32).astype("int32") + c(zo)).astype(ty.dtype),
             name="quantize")
-    if tx.dtype == "int8" and tx.quant is not None:
+    if tx.dtype in ("int8", "int16") and tx.quant is not None:
         zi = int(tx.quant.zero_point[0])
         m, sh = qmath.quantize_multiplier(float(np.float32(tx.quant.scale[0])) / so)
         return te.compute(_shape(ty), lambda *i: qmath.clamp(
-            qmath.mbqm(x(*i).astype("int32") - c(zi), c(m), sh) + c(zo), -128, 127).astype("int8"), name="requantize")
+            qmath.mbqm(x(*i).astype("int32") - c(zi), c(m), sh) + c(zo), qlo, qhi).astype(ty.dtype), name="requantize")
     k.fail(f"quantize from {tx} is not supported")
 
 
@@ -243,6 +249,67 @@ def lower_dequantize(k, node, xs):
     tx, ty = k.type(node.inputs[0]), k.type(node.name)
     if tx.quant is None or tx.quant.per_channel or ty.dtype != F32:
         k.fail(f"dequantize {tx} -> {ty}: per-tensor quantised input and float32 output expected")
+    if tx.dtype == "int16":
+        return dequantize16(k, x, tx, ty)
     # 256 possible inputs: the table is the int8 reference's own result (exact)
     table = k.const("table", int8_table(k, node).astype(np.float32))
     return te.compute(_shape(ty), lambda *i: table[x(*i).astype("int32") + c(128)], name="dequantize")
+
+
+# ---- int16 ----------------------------------------------------------------------------------------
+# TFLite's int16 SOFTMAX (reference_ops::SoftmaxInt16: 513-entry exp and 1/(1+x) tables with 7-bit
+# interpolation, frontend/ops/int16util.softmax16_rows) and int16 DEQUANTIZE.
+def dequantize16(k, x, tx, ty):
+    """float32(double(scale) * (q - zp)) is the float32 product of float32(scale) and (q - zp):
+    |q - zp| < 2^17 makes the double product exact, so both round once, to the same float."""
+    sc = k.const("scale", np.asarray([np.float32(tx.quant.scale[0])], np.float32))
+    zi = int(tx.quant.zero_point[0])
+    return te.compute(_shape(ty), lambda *i: (x(*i).astype("int32") - c(zi)).astype(F32) * sc[0], name="dequantize")
+
+
+def _lut16(tab, v):
+    """LUTLookup(int16 v, 513-entry table): 9-bit index, 7-bit interpolation (slopes fit int16).
+    ``v`` is an expression free of Let bindings (it indexes the table)."""
+    idx = (v >> c(7)) + c(256)
+    base = tab[idx]
+    return base + (((tab[idx + c(1)] - base) * tirx.bitwise_and(v, c(0x7F)) + c(64)) >> c(7))
+
+
+def softmax16(k, node, x, tx, ty):
+    si, zi = float(np.float32(tx.quant.scale[0])), int(tx.quant.zero_point[0])
+    if zi or ty.quant is None or int(ty.quant.zero_point[0]) or abs(ty.quant.scale[0] - 1 / 32768) > 0.001 / 32768:
+        k.fail(f"int16 softmax needs zero points 0 and output scale 1/32768 (TFLite), got {tx} -> {ty}")
+    if node.attrs["axis"] % len(tx.shape) != len(tx.shape) - 1:
+        k.fail("int16 softmax runs over the last axis")
+    exp_lut, rec_lut = softmax16_tables()
+    for t in (exp_lut, rec_lut):
+        assert np.abs(np.diff(t)).max() < 32768          # the kernel's int16 slopes do not wrap
+    texp, trec = k.const("exptab", exp_lut.astype(np.int32)), k.const("rectab", rec_lut.astype(np.int32))
+    m, sh = qmath.quantize_multiplier(si * 1.0 / (10.0 / 65535.0))
+    D, lead = tx.shape[-1], tx.shape[:-1]
+    R = lead or (1,)
+    r = te.reduce_axis((0, D), "r")
+    mx = te.compute(R, lambda *i: te.max(x[(i if lead else ()) + (r,)], axis=[r]), name="rowmax")
+
+    sym = te.compute(tx.shape, lambda *i: qmath.clamp(qmath.mbqm(
+        x(*i).astype("int32") - mx[i[:-1] or (0,)].astype("int32"), c(m), sh) + c(32767), -32768, 32767), name="sym")
+    ex = te.compute(tx.shape, lambda *i: _lut16(texp, sym(*i)), name="expv")
+
+    def exp(row, col):
+        return ex[row + (col,)]
+    r2 = te.reduce_axis((0, D), "r2")
+    sm = te.compute(R, lambda *i: te.sum(exp(i if lead else (), r2), axis=[r2]), name="rowsum")
+    h = te.compute(R, lambda *i: gemmlowp.clz_positive(sm(*i)), name="rowclz")
+    ssum = te.compute(R, lambda *i: qmath.clamp(
+        (((sm(*i).astype("int64") << (h(*i) - c(1)).astype("int64")) + c(1 << 13, "int64")) >> c(14, "int64"))
+        .astype("int32") - c((1 << 15) + (1 << 16)), -32768, 32767), name="rowsym")
+    rec = te.compute(R, lambda *i: _lut16(trec, ssum(*i)), name="rowrec")
+    k.schedule(lambda sch, out_block: decompose_reductions(sch))
+
+    def body(*i):
+        row = i[:-1]
+        ri = row or (0,)
+        rs = (c(31) - h[ri]).astype("int64")
+        v = (exp(row, i[-1]).astype("int64") * rec[ri].astype("int64") + (c(1, "int64") << (rs - c(1, "int64")))) >> rs
+        return tirx.max(tirx.min(v, c(32767, "int64")), c(0, "int64")).astype("int16")
+    return te.compute(_shape(ty), body, name="softmax16")

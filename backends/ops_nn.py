@@ -110,6 +110,8 @@ def fc_requant_epilogue(k, acc, tx, tw, ty, channels, act):
 def lower_conv2d(k, node, xs):
     if not quantized(k, node):
         return None                          # float: the op's TE compute
+    if k.type(node.inputs[0]).dtype == "int16":
+        return lower_conv2d_16x8(k, node, xs)
     a = node.attrs
     x, w = xs[0], xs[1]
     tx, tw, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
@@ -242,6 +244,8 @@ def _depthwise_dsp(k, node, x, G, zx, tx, tw, ty):
 def lower_dense(k, node, xs):
     if not quantized(k, node):
         return None                          # float: the op's TE compute
+    if k.type(node.inputs[0]).dtype == "int16":
+        return lower_dense_16x8(k, node, xs)
     x, w = xs[0], xs[1]
     tx, tw, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
     K = tx.shape[-1]
@@ -304,6 +308,8 @@ def lower_avg_pool(k, node, xs):
             return tirx.if_then_else(_inb(h, w_, G), v, zero)
         return v
     acc = te.compute(ty.shape, lambda n, oh, ow, ch: te.sum(tap(n, oh, ow, ch), axis=[kh, kw]), name="acc")
+    if tx.dtype == "int16":
+        return avg_pool_16(k, acc, tx, ty, G)
     _check_int8(k, node, [node.inputs[0], node.name])
     if tx.quant != ty.quant:
         k.fail("int8 avg_pool2d needs the same quantisation on input and output (TFLite)")
@@ -340,3 +346,147 @@ def lower_max_pool(k, node, xs):
     # an output element's window happens before its store)
     acc = te.compute(ty.shape, lambda n, oh, ow, ch: te.max(tap(n, oh, ow, ch), axis=[kh, kw]), name="acc")
     return te.compute(ty.shape, lambda *i: acc(*i), name="maxpool")
+
+
+# ---- int16 ----------------------------------------------------------------------------------------
+# TFLite's 16x8 kernels: int16 input (zero point 0), int8 symmetric weights, int64 bias, an int64
+# accumulator, the int64 MultiplyByQuantizedMultiplier (a 16-bit multiplier and one rounding shift;
+# frontend/ops/int16util.mbqm64), the int16 activation clamp. Dense requantises as LiteRT's reference
+# FULLY_CONNECTED does for int8 too (round(double(acc) * eff), kiln_fc_s8 in kiln_intrinsics.h, whose
+# clamp bounds are any int32 pair).
+I64 = "int64"
+
+
+def _check_16x8(k, node):
+    tx, tw, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
+    if tx.quant is None or ty.dtype != "int16" or ty.quant is None or tw.dtype != "int8" or tw.quant is None:
+        k.fail(f"16x8 {node.op} needs a quantised int16 input and output and int8 weights, got {tx}, {tw}, {ty}")
+    if any(z != 0 for z in tw.quant.zero_point) or _zp(tx) != 0:
+        k.fail("16x8 kernels need symmetric weights and an input zero point of 0 (TFLite)")
+    return tx, tw, ty
+
+
+def _bias64(k, node, n):
+    """ch -> int64 bias expression, from the compile-time int64 (or int32) bias, or None: int32
+    constants when every value fits, else high and low 32-bit halves."""
+    if len(node.inputs) < 3:
+        return None
+    b = k.value(node.inputs[2])
+    if b is None:
+        k.fail("16x8 conv2d/dense needs a constant bias")
+    b = np.asarray(b, np.int64).reshape(-1)
+    if np.abs(b).max(initial=0) < 2 ** 31:
+        t = k.const("bias32", b.astype(np.int32))
+        return lambda ch: t[ch].astype(I64)
+    hi = k.const("bias_hi", (b >> 32).astype(np.int32))
+    lo = k.const("bias_lo", (b & 0xFFFFFFFF).astype(np.uint32))
+    return lambda ch: hi[ch].astype(I64) * tirx.const(1 << 32, I64) + lo[ch].astype(I64)
+
+
+def requant16_epilogue(k, acc, mult, shift, ty, channels_of, act):
+    """acc (int64) -> int16: the int64 MultiplyByQuantizedMultiplier per channel + zero point,
+    activation clamp."""
+    red = np.where(mult < 0x7FFF0000, (mult.astype(np.int64) + (1 << 15)) >> 16, 0x7FFF).astype(np.int32)
+    total = (15 - shift.astype(np.int64)).astype(np.int32)
+    zy = _zp(ty)
+    lo, hi = qmath.activation_range(act, _scale(ty), zy, -32768, 32767)
+    if len(set(red.tolist())) == 1 and len(set(total.tolist())) == 1:
+        r0, t0 = int(red[0]), int(total[0])
+        rm, ts = (lambda ch: c(r0, I64)), (lambda ch: c(t0, I64))
+    else:
+        tr, tt_ = k.const("rq_mult16", red), k.const("rq_shift16", total)
+        rm, ts = (lambda ch: tr[ch].astype(I64)), (lambda ch: tt_[ch].astype(I64))
+
+    def body(*idx):
+        ch = channels_of(idx)
+        sh = ts(ch)
+        v = (acc(*idx) * rm(ch) + (c(1, I64) << (sh - c(1, I64)))) >> sh
+        return tirx.max(tirx.min(v + c(zy, I64), c(hi, I64)), c(lo, I64)).astype("int16")
+    return te.compute(acc.shape, body, name="requant16")
+
+
+def lower_conv2d_16x8(k, node, xs):
+    a = node.attrs
+    x, w = xs[0], xs[1]
+    tx, tw, ty = _check_16x8(k, node)
+    G = conv_geometry(tx.shape, tw.shape, a)
+    I, O, Og = G["I"], G["O"], G["O"] // G["g"]
+    k.inplace_hints_of_op()
+    zero = tirx.const(0, tx.dtype)
+    xp = te.compute((G["N"], G["H"] + G["pt"] + G["pb"], G["W"] + G["pl"] + G["pr"], G["C"]),
+                    lambda n, h, ww, ch: tirx.if_then_else(_inb(h, ww, G), x[n, h - G["pt"], ww - G["pl"], ch], zero),
+                    name="pad") if (G["pt"] or G["pb"] or G["pl"] or G["pr"]) else x
+    kh = te.reduce_axis((0, G["KH"]), "kh")
+    kw = te.reduce_axis((0, G["KW"]), "kw")
+    kc = te.reduce_axis((0, I), "kc")
+    sh, sw, dh, dw = G["sh"], G["sw"], G["dh"], G["dw"]
+
+    # int32 accumulation where the sum provably fits (constant weights: sum |w| * 32768 < 2^31; the
+    # value is the same as TFLite's int64 accumulator), int64 otherwise
+    wv = k.value(node.inputs[1])
+    wide = wv is None or (np.abs(np.asarray(wv, np.int64)).reshape(O, -1).sum(axis=1) * 32768).max() >= 2 ** 31
+    adt = I64 if wide else "int32"
+
+    def term(xv, wv_):
+        return xv.astype("int32").astype(adt) * wv_.astype("int32").astype(adt)
+    acc = te.compute((G["N"], G["oh"], G["ow"], O), lambda n, oh, ow, o: te.sum(
+        term(xp[n, oh * sh + kh * dh, ow * sw + kw * dw, (o // Og) * I + kc], w[o, kh, kw, kc]),
+        axis=[kh, kw, kc]), name="acc")
+    if not wide:
+        acc = te.compute(acc.shape, lambda *i: acc(*i).astype(I64), name="acc64")
+    bias = _bias64(k, node, O)
+    if bias is not None:
+        acc = te.compute(acc.shape, lambda n, oh, ow, o: acc[n, oh, ow, o] + bias(o), name="bias")
+    mult, shift = qmath.linear_requant(tx, tw, ty, O)
+    return requant16_epilogue(k, acc, mult, shift, ty, lambda idx: idx[3], a["activation"])
+
+
+def lower_dense_16x8(k, node, xs):
+    """16x8 FULLY_CONNECTED. The accumulator is int32 here: every |acc| is bounded at compile time
+    (constant weights and bias, |x| <= 32768) below 2^31, where LiteRT's int64 accumulator holds the
+    same value, and ``kiln_fc_rq`` (kiln_intrinsics.h) gives round(double(acc) * eff) exactly."""
+    x, w = xs[0], xs[1]
+    tx, tw, ty = _check_16x8(k, node)
+    K, N, lead = tx.shape[-1], tw.shape[0], tx.shape[:-1]
+    wv = k.value(node.inputs[1])
+    b = k.value(node.inputs[2]) if len(node.inputs) == 3 else np.zeros(N, np.int64)
+    if wv is None or b is None:
+        k.fail("16x8 dense needs constant weights and bias")
+    b = np.asarray(b, np.int64).reshape(-1)
+    bound = np.abs(np.asarray(wv, np.int64)).sum(axis=1) * 32768 + np.abs(b)
+    if bound.max(initial=0) >= 2 ** 31:
+        k.fail(f"16x8 dense: the accumulator may reach {int(bound.max())} (K = {K}), beyond the int32 the C "
+               f"kernel keeps it in; split the layer or use int8 activations")
+    kk = te.reduce_axis((0, K), "k")
+    acc = te.compute(lead + (N,), lambda *i: te.sum(
+        x[i[:-1] + (kk,)].astype("int32") * w[i[-1], kk].astype("int32"), axis=[kk]), name="acc")
+    if len(node.inputs) == 3:
+        tb = k.const("bias32", b.astype(np.int32))
+        acc = te.compute(acc.shape, lambda *i: acc(*i) + tb[i[-1]], name="bias")
+    s_in, _ = per_tensor(tx, "input", "dense")
+    s_out, zy = per_tensor(ty, "output", "dense")
+    ws, _, _ = channel_params(tw, N, "dense")
+    mh, ml, sh = fc_requant_constants(fc_effective_scales(s_in, ws, s_out))
+    lo, hi = qmath.activation_range(node.attrs["activation"], s_out, zy, -32768, 32767)
+    tmh, tml, tsh = (k.const("fc_mh", mh.astype(np.int32)), k.const("fc_ml", ml.astype(np.uint32)),
+                     k.const("fc_s", sh.astype(np.int32)))
+    one = len(set(zip(mh.tolist(), ml.tolist(), sh.tolist()))) == 1
+
+    def body(*idx):
+        ch = 0 if one else idx[-1]
+        return tirx.call_extern("int32", "kiln_fc_s8", acc(*idx), tmh[ch].astype("uint32"), tml[ch], tsh[ch],
+                                c(zy), c(lo), c(hi)).astype("int16")
+    return te.compute(acc.shape, body, name="requant16")
+
+
+def avg_pool_16(k, acc, tx, ty, G):
+    if tx.quant != ty.quant:
+        k.fail("int16 avg_pool2d needs the same quantisation on input and output (TFLite)")
+
+    def body(n, oh, ow, ch):
+        cnt = _window_count(oh, ow, G)
+        s = acc[n, oh, ow, ch]
+        half = tirx.truncdiv(cnt, 2)
+        r = tirx.Select(s > 0, tirx.truncdiv(s + half, cnt), tirx.truncdiv(s - half, cnt))
+        return qmath.clamp(r, -32768, 32767).astype("int16")
+    return te.compute(ty.shape, body, name="avgpool")

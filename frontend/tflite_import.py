@@ -51,7 +51,7 @@ _TYPE_NAMES = {0: "FLOAT32", 1: "FLOAT16", 2: "INT32", 3: "UINT8", 4: "INT64", 5
                7: "INT16", 8: "COMPLEX64", 9: "INT8", 10: "FLOAT64", 11: "COMPLEX128", 12: "UINT64",
                13: "RESOURCE", 14: "VARIANT", 15: "UINT32", 16: "UINT16", 17: "INT4"}
 # dtypes an op operand (activation) may have: float32, or int8 with quantisation parameters
-ACTIVATION_DTYPES = ("float32", "int8")
+ACTIVATION_DTYPES = ("float32", "int8", "int16")   # int16: TFLite's 16x8 quantisation
 
 
 def _raw(tab, slot, flags, default):
@@ -328,9 +328,9 @@ class _Importer:
         """Check tensor i can be an op operand (float32, or int8 with quantisation parameters)."""
         t = self.tensors[i]
         if t["dtype"] not in ACTIVATION_DTYPES:
-            raise self.err(f"{where}: {self.label(i)} has type {t['dtype']}; Kiln imports float32 and int8 operands")
-        if t["dtype"] == "int8" and t["quant"] is None:
-            raise self.err(f"{where}: {self.label(i)} is int8 without quantisation parameters (scale and zero "
+            raise self.err(f"{where}: {self.label(i)} has type {t['dtype']}; Kiln imports float32, int8 and int16 operands")
+        if t["dtype"] in ("int8", "int16") and t["quant"] is None:
+            raise self.err(f"{where}: {self.label(i)} is {t['dtype']} without quantisation parameters (scale and zero "
                            f"point); Kiln imports quantised int8 tensors")
         return t
 

@@ -8,7 +8,9 @@ Methods (``method=``):
 - ``mse``: the clipping of the minimum and of the maximum (factors in [0.2, 1], by coordinate
   descent) that minimises the mean squared quantisation error on the subsample.
 
-Ranges always include 0 (TFLite's zero point must represent 0 exactly).
+Ranges always include 0 (TFLite's zero point must represent 0 exactly). For 16x8 quantisation
+(``activations="int16"``) the range becomes symmetric at conversion (zero point 0, scale
+max|range| / 32767), and ``mse`` measures the error on that int16 grid.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import numpy as np
 from kiln.frontend import run
 from kiln.frontend.errors import KilnError
 from kiln.frontend.graph_passes import with_batch
-from kiln.frontend.int8_convert import qparams_from_range  # noqa: F401
+from kiln.frontend.int8_convert import qparams16_from_range, qparams_from_range  # noqa: F401
 
 METHODS = ("minmax", "percentile", "mse")
 SAMPLE = 200_000
@@ -49,13 +51,16 @@ class Observer:
         return np.concatenate(self.sample) if self.sample else np.zeros(1, np.float32)
 
 
-def _fq(v, lo, hi):
+def _fq(v, lo, hi, activations="int8"):
+    if activations == "int16":          # 16x8: symmetric int16
+        s = qparams16_from_range(lo, hi).scale[0]
+        return np.clip(np.round(v / s), -32768, 32767) * s
     q = qparams_from_range(lo, hi)
     s, z = q.scale[0], q.zero_point[0]
     return (np.clip(np.round(v / s) + z, -128, 127) - z) * s
 
 
-def choose_range(obs: Observer, method="minmax", percentile=99.99):
+def choose_range(obs: Observer, method="minmax", percentile=99.99, activations="int8"):
     if method not in METHODS:
         raise KilnError(f"unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
     if obs.n == 0:
@@ -68,7 +73,7 @@ def choose_range(obs: Observer, method="minmax", percentile=99.99):
     lo, hi = obs.lo, obs.hi
 
     def err(a, b):
-        return float(np.mean((v - _fq(v, a, b)) ** 2))
+        return float(np.mean((v - _fq(v, a, b, activations)) ** 2))
     grid = np.linspace(0.2, 1.0, 33)
     best = err(lo, hi)
     for _ in range(2):        # coordinate descent: clip the top, then the bottom, twice
@@ -132,7 +137,8 @@ def observe(graph, data, batch_size=64, seed=0):
     return obs
 
 
-def calibrate(graph, data, method="minmax", percentile=99.99, batch_size=64):
-    """{value: (lo, hi)} for the input and every node output of a float graph."""
+def calibrate(graph, data, method="minmax", percentile=99.99, batch_size=64, activations="int8"):
+    """{value: (lo, hi)} for the input and every node output of a float graph (``activations``:
+    the integer type the ranges are for, "int8" or "int16": mse clips for that grid)."""
     obs = observe(graph, data, batch_size)
-    return {k: choose_range(o, method, percentile) for k, o in obs.items()}
+    return {k: choose_range(o, method, percentile, activations) for k, o in obs.items()}

@@ -28,6 +28,18 @@ from ..types import DTYPES
 from . import tflite_util as tfl
 from ._util import bshape, need_float, same_dtype, tt
 from .int8util import clamp8, f32, int8_io
+from .int16util import (
+    QMAX16,
+    QMIN16,
+    checked_log2,
+    clamp16,
+    int16_io,
+    is_int16,
+    logistic16,
+    lut_activation_params,
+    symmetric16,
+    tanh16,
+)
 
 
 def _unary_infer(name):
@@ -257,6 +269,8 @@ def add_params(s1, s2, s_out):
 
 @defrule("add", "int8_ref")
 def add_int8(xs, attrs, in_types, out_type):
+    if is_int16(in_types[0]):
+        return add_int16(xs, attrs, in_types, out_type)
     (s1, z1), (s2, z2), (so, zo) = int8_io(in_types, out_type, "add", 2)
     (m1, e1), (m2, e2), (mo, eo) = add_params(s1, s2, so)
     a = (xs[0].astype(np.int64) - z1) << ADD_LEFT_SHIFT
@@ -273,6 +287,8 @@ def mul_params(s1, s2, s_out):
 
 @defrule("mul", "int8_ref")
 def mul_int8(xs, attrs, in_types, out_type):
+    if is_int16(in_types[0]):
+        return mul_int16(xs, attrs, in_types, out_type)
     (s1, z1), (s2, z2), (so, zo) = int8_io(in_types, out_type, "mul", 2)
     m, e = mul_params(s1, s2, so)
     prod = fp.wrap_int32((xs[0].astype(np.int64) - z1) * (xs[1].astype(np.int64) - z2))
@@ -281,6 +297,8 @@ def mul_int8(xs, attrs, in_types, out_type):
 
 def _relu_x(op, act):
     def rule(xs, attrs, in_types, out_type):
+        if is_int16(in_types[0]):
+            return relu_x_int16(xs, in_types, out_type, op, act)
         (si, zi), (so, zo) = int8_io(in_types, out_type, op)
         m, e = fp.quantize_multiplier(float(np.float32(si) / np.float32(so)))  # float32 division, as TFLite
         lo, hi = fp.activation_range(act, so, zo)
@@ -296,6 +314,8 @@ _relu_x("relu6", "relu6")
 
 def _lut(op, fn):
     def rule(xs, attrs, in_types, out_type):
+        if is_int16(in_types[0]):
+            return lut_int16(xs, in_types, out_type, op, fn)
         (si, zi), (so, zo) = int8_io(in_types, out_type, op)
         if fn == "logistic" and so != 1.0 / 256:
             raise ShapeError(f"{op}: TFLite's int8 LOGISTIC needs output scale 1/256, got {so}")
@@ -321,6 +341,9 @@ def _tfl_binary(kop, name, opts_cls):
         if ts[0].dtype == "int8" and ts[1].dtype == "int8":
             check = chk.add_quant if kop == "add" else chk.mul_quant
             check(imp.err, tfl.where(k, name), ts[0].quant, ts[1].quant, imp.tensors[out]["quant"], act)
+        if kop == "mul" and ts[0].dtype == "int16":
+            symmetric16(imp.err, tfl.where(k, name), [("input 0", ts[0].quant), ("input 1", ts[1].quant),
+                                                      ("the output", imp.tensors[out]["quant"])])
         imp.finish(k, name, kop, xs, {}, out, act)
     return conv
 
@@ -340,6 +363,8 @@ def _tfl_unary(kop, name):
             else:
                 chk.ratio_quant(imp.err, w, xt.quant, oq)
                 chk.activation_range(imp.err, w, kop, oq.scale[0])
+        if xt.dtype == "int16" and kop in ("sigmoid", "tanh"):
+            lut16_quant(imp.err, w, xt.quant, oq, name)
         imp.values[out] = imp.emit(k, name, kop, [x], {}, out)
     return conv
 
@@ -355,8 +380,9 @@ tfl.importer("RELU6")(_tfl_unary("relu6", "RELU6"))
 # ---- TFLite export ------------------------------------------------------------------------------
 @tfl.exporter("add", "mul", versions={"ADD": 2, "MUL": 2}, fuses_activation=True)
 def _tfl_export_binary(e, n, act, out, int8):
+    extra = {"PotScaleInt16": False} if n.op == "add" and e.g.types[out].dtype == "int16" else {}   # 16x8: general scales
     e.op(n.op.upper(), [e.value(i) for i in n.inputs], [e.tensor(out, e.g.types[out])],
-         "AddOptions" if n.op == "add" else "MulOptions", int8, FusedActivationFunction=tfl.ACT_CODES[act])
+         "AddOptions" if n.op == "add" else "MulOptions", int8, FusedActivationFunction=tfl.ACT_CODES[act], **extra)
 
 
 _UNARY_BUILTINS = {"sigmoid": "LOGISTIC", "tanh": "TANH", "relu": "RELU", "relu6": "RELU6"}
@@ -370,3 +396,57 @@ def _tfl_export_unary(e, n, act, out, int8):
 @tfl.exporter("cast")
 def _tfl_export_cast(e, n, act, out, int8):
     e.op("CAST", [e.value(i) for i in n.inputs], [e.tensor(out, e.g.types[out])], None, False)
+
+
+# ---- int16 ----------------------------------------------------------------------------------------
+# TFLite's 16x8 elementwise kernels (int16 activations, zero point 0 where the kernels need it):
+# - ADD: the general int8 path with ``left_shift = 15`` (TFLM; LiteRT when pot_scale_int16 is false);
+# - MUL: the int8 arithmetic (one requantisation of the int32 product) clamped to int16;
+# - RELU/RELU6: ReluX, as int8, clamped to the int16 activation range;
+# - LOGISTIC/TANH: reference_integer_ops' table interpolation (int16util.logistic16 / tanh16).
+ADD_LEFT_SHIFT_16 = 15
+
+
+def add_int16(xs, attrs, in_types, out_type):
+    (s1, z1), (s2, z2), (so, zo) = int16_io(in_types, out_type, "add", 2, symmetric=False)
+    twice_max = 2.0 * max(s1, s2)
+    m1, e1 = fp.quantize_multiplier(s1 / twice_max)
+    m2, e2 = fp.quantize_multiplier(s2 / twice_max)
+    mo, eo = fp.quantize_multiplier(twice_max / ((1 << ADD_LEFT_SHIFT_16) * so))
+    a = fp.multiply_by_quantized_multiplier((xs[0].astype(np.int64) - z1) << ADD_LEFT_SHIFT_16, m1, e1)
+    b = fp.multiply_by_quantized_multiplier((xs[1].astype(np.int64) - z2) << ADD_LEFT_SHIFT_16, m2, e2)
+    return clamp16(fp.multiply_by_quantized_multiplier(fp.wrap_int32(a + b), mo, eo) + zo)
+
+
+def mul_int16(xs, attrs, in_types, out_type):
+    (s1, z1), (s2, z2), (so, zo) = int16_io(in_types, out_type, "mul", 2)
+    m, e = mul_params(s1, s2, so)
+    prod = fp.wrap_int32((xs[0].astype(np.int64) - z1) * (xs[1].astype(np.int64) - z2))
+    return clamp16(fp.multiply_by_quantized_multiplier(prod, m, e) + zo)
+
+
+def relu_x_int16(xs, in_types, out_type, op, act):
+    (si, zi), (so, zo) = int16_io(in_types, out_type, op, symmetric=False)
+    m, e = fp.quantize_multiplier(float(np.float32(si) / np.float32(so)))
+    lo, hi = fp.activation_range(act, so, zo, QMIN16, QMAX16)
+    return clamp16(fp.multiply_by_quantized_multiplier(xs[0].astype(np.int64) - zi, m, e) + zo, lo, hi)
+
+
+def lut_int16(xs, in_types, out_type, op, fn):
+    (si, _), (so, _) = int16_io(in_types, out_type, op)
+    pot, log2 = checked_log2(so)
+    if not pot or log2 != -15:
+        raise ShapeError(f"{op}: TFLite's int16 {fn.upper()} needs output scale 1/32768, got {so}")
+    if fn == "logistic":
+        mult, shift = lut_activation_params(si, lambda sh: sh == 0)
+        return logistic16(xs[0], mult, shift)
+    mult, shift = lut_activation_params(si, lambda sh: sh in (0, 1))
+    return tanh16(xs[0], mult, shift)
+
+
+def lut16_quant(err, where, qi, qo, name):
+    """int16 LOGISTIC / TANH Prepare: zero points 0, output scale 1/32768."""
+    symmetric16(err, where, [("the input", qi), ("the output", qo)])
+    pot, log2 = checked_log2(qo.scale[0])
+    if not pot or log2 != -15:
+        raise err(f"{where}: output scale {qo.scale[0]!r} is out of range: allowed 1/32768 (TFLite's int16 {name})")

@@ -44,6 +44,7 @@ from .int8util import (
     same_quant,
     trunc_div,
 )
+from .int16util import clamp16, int16_io, is_16x8, is_int16, mbqm64, symmetric16
 
 ACT = Attr("str", "none", ("none", "relu", "relu6"))
 
@@ -116,7 +117,7 @@ def _matmul_te(T, xs, a, out):
 
 def _dense_infer(ts, a):
     x, w = ts[:2]
-    same_dtype(ts[:2], "dense")
+    same_dtype(ts[:1] if is_16x8(ts) else ts[:2], "dense")
     if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[1]:
         raise ShapeError(f"dense: input {x} does not match weights {w} (expected [N_out, {x.shape[-1] if x.ndim else '?'}])")
     if len(ts) == 3 and ts[2].shape != (w.shape[0],):
@@ -217,7 +218,7 @@ def _padded(x, G, value=0.0):
 def _conv_infer(ts, a):
     if len(ts) not in (2, 3):
         raise ShapeError("conv2d takes (x, w) or (x, w, bias)")
-    same_dtype(ts[:2], "conv2d")
+    same_dtype(ts[:1] if is_16x8(ts) else ts[:2], "conv2d")
     G = conv_geometry(ts[0].shape, ts[1].shape, a)
     if len(ts) == 3 and ts[2].shape != (G["O"],):
         raise ShapeError(f"conv2d: bias must have shape ({G['O']},), got {ts[2].shape}")
@@ -583,6 +584,8 @@ def _bias(xs, op, n):
 
 @defrule("conv2d", "int8_ref")
 def conv2d_int8(xs, attrs, in_types, out_type):
+    if is_int16(in_types[0]):
+        return conv2d_int16(xs, attrs, in_types, out_type)
     x, w = xs[0], xs[1]
     (s_in, z_in), (s_out, z_out) = int8_io(in_types[:1], out_type, "conv2d")
     need_int8(in_types[1], "weight", "conv2d")
@@ -597,6 +600,8 @@ def conv2d_int8(xs, attrs, in_types, out_type):
 
 @defrule("dense", "int8_ref")
 def dense_int8(xs, attrs, in_types, out_type):
+    if is_int16(in_types[0]):
+        return dense_int16(xs, attrs, in_types, out_type)
     x, w = xs[0], xs[1]
     (s_in, z_in), (s_out, z_out) = int8_io(in_types[:1], out_type, "dense")
     need_int8(in_types[1], "weight", "dense")
@@ -862,6 +867,8 @@ def _max_gather_te(T, xs, a, out):
 # ---- int8 references: pooling (input and output share scale and zero point) ----------------
 @defrule("avg_pool2d", "int8_ref")
 def avg_pool2d_int8(xs, attrs, in_types, out_type):
+    if is_int16(in_types[0]):
+        return avg_pool2d_int16(xs, attrs, in_types, out_type)
     need_int8(in_types[0], "input", "avg_pool2d")
     same_quant(in_types[0], out_type, "avg_pool2d")
     if attrs.get("count_include_pad"):
@@ -884,6 +891,8 @@ def avg_pool2d_int8(xs, attrs, in_types, out_type):
 
 @defrule("max_pool2d", "int8_ref")
 def max_pool2d_int8(xs, attrs, in_types, out_type):
+    if is_int16(in_types[0]):
+        return max_pool2d_int16(xs, attrs, in_types, out_type)
     need_int8(in_types[0], "input", "max_pool2d")
     same_quant(in_types[0], out_type, "max_pool2d")
     return get_op("max_pool2d").ref(xs, attrs)
@@ -941,8 +950,8 @@ def conv_filter(imp, k, name, ins):
             tfl.symmetric(imp, k, name, w_i)
         return imp.operand(x_i, k, name), "float32", tfl.dequantized(imp, w_i, k, name, "the filter"), None
     if wt["dtype"] != "int8":
-        raise imp.err(f"{w}: int8 input with a {wt['dtype']} filter {imp.label(w_i)}; TFLite needs an int8 filter")
-    return imp.operand(x_i, k, name), "int8", wdata, wt["quant"]
+        raise imp.err(f"{w}: {xt['dtype']} input with a {wt['dtype']} filter {imp.label(w_i)}; TFLite needs an int8 filter")
+    return imp.operand(x_i, k, name), xt["dtype"], wdata, wt["quant"]
 
 
 @tfl.importer("CONV_2D")
@@ -962,9 +971,11 @@ def _tfl_conv(imp, k, op, ins, out):
                       f"channels divisible by filter channels and output channels by the groups)")
     attrs["groups"] = C // I
     checked_conv_geometry(imp, k, name, xt.shape, wdata.shape, attrs)
-    if dtype == "int8":
+    if dtype in ("int8", "int16"):
         chk.conv_quant(imp.err, tfl.where(k, name), xt.quant, wq, imp.tensors[ins[2]]["quant"], imp.tensors[out]["quant"],
                        wdata.shape, O, act, lambda axis: axis == 0)
+    if dtype == "int16":
+        symmetric16(imp.err, tfl.where(k, name), [("the input", xt.quant), ("the output", imp.tensors[out]["quant"])])
     wname = imp._vname(imp.tensors[ins[1]]["name"])
     imp.g.add_const(wname, wdata, wq)
     inputs = [x, wname] + [b for b in [tfl.bias(imp, k, name, ins, dtype, O)] if b is not None]
@@ -987,11 +998,13 @@ def _tfl_depthwise(imp, k, op, ins, out):
         raise imp.err(f"{tfl.where(k, name)}: filter {list(wdata.shape)} does not fit input {list(xt.shape)} "
                       f"(expected [1, KH, KW, C*M])")
     O = wdata.shape[3]
-    if dtype == "int8":
+    if dtype in ("int8", "int16"):
         chk.conv_quant(imp.err, tfl.where(k, name), xt.quant, wq, imp.tensors[ins[2]]["quant"] if len(ins) == 3 else None,
                        imp.tensors[out]["quant"], wdata.shape, O, act, lambda axis: axis == 3)
         if wq.per_channel and len(wq.scale) > 1:
             wq = QParams(wq.scale, wq.zero_point, 0)
+    if dtype == "int16":
+        symmetric16(imp.err, tfl.where(k, name), [("the input", xt.quant), ("the output", imp.tensors[out]["quant"])])
     attrs["groups"] = C
     w_ohwi = np.ascontiguousarray(np.transpose(wdata, (3, 1, 2, 0)))
     checked_conv_geometry(imp, k, name, xt.shape, w_ohwi.shape, attrs)
@@ -1027,7 +1040,7 @@ def _tfl_fc(imp, k, op, ins, out):
                           f"or (dynamic-range quantisation) int8")
         wdata = tfl.dequantized(imp, ins[1], k, name, "the weights")
     elif wt["dtype"] != "int8":
-        raise imp.err(f"{w}: int8 input with {wt['dtype']} weights {imp.label(ins[1])}; TFLite needs int8 weights")
+        raise imp.err(f"{w}: {xt['dtype']} input with {wt['dtype']} weights {imp.label(ins[1])}; TFLite needs int8 weights")
     else:
         wq = wt["quant"]
         bq = imp.tensors[ins[2]]["quant"] if len(ins) == 3 and ins[2] >= 0 else None
@@ -1037,6 +1050,8 @@ def _tfl_fc(imp, k, op, ins, out):
         else:
             chk.fc_per_tensor(imp.err, w, xt["quant"], wq, len(ins) == 3 and ins[2] >= 0, bq,
                               imp.tensors[out]["quant"], act)
+    if xt["dtype"] == "int16":
+        symmetric16(imp.err, w, [("the input", xt["quant"]), ("the output", imp.tensors[out]["quant"])])
     x = imp.operand(ins[0], k, name)
     wname = imp._vname(wt["name"])
     imp.g.add_const(wname, wdata, wq)
@@ -1063,7 +1078,7 @@ def _tfl_pool(kop, name):
                          chk.window(imp.err, w, "filter_width", o.FilterWidth())]
         act = tfl.activation(imp, k, name, o.FusedActivationFunction())
         x = imp.operand(ins[0], k, name)
-        if imp.g.types[x].dtype == "int8":
+        if imp.g.types[x].dtype in ("int8", "int16"):
             chk.same_quant(imp.err, w, imp.g.types[x].quant, imp.tensors[out]["quant"], "the input's")
             chk.activation_range(imp.err, w, act, imp.tensors[out]["quant"].scale[0])
         tfl.check_work(imp, k, name, imp.tensors[out]["shape"], attrs["pool"][0] * attrs["pool"][1])
@@ -1113,7 +1128,8 @@ def _export_bias(e, n, G, xt, wt, is_dw, int8):
         wq, s_in = wt.quant, xt.quant.scale[0]
         bq = QParams(tuple(float(np.float32(s_in) * np.float32(s)) for s in wq.scale), (0,) * len(wq.scale),
                      0 if len(wq.scale) > 1 else None)
-        return [e.const(n.name + "/zero_bias", np.zeros(G["O"], np.int32), bq)]
+        bdt = np.int64 if xt.dtype == "int16" else np.int32     # 16x8: an int64 bias
+        return [e.const(n.name + "/zero_bias", np.zeros(G["O"], bdt), bq)]
     if not is_dw:
         # TFLite's CONV_2D requires a bias in every dtype (its Prepare() checks has_bias)
         return [e.const(n.name + "/zero_bias", np.zeros(G["O"], xt.dtype))]
@@ -1146,3 +1162,81 @@ def _tfl_export_conv(e, n, act, out, int8):
              DepthMultiplier=G["O"] // G["C"], **common)
     else:
         e.op("CONV_2D", xs[:2] + bias, [y], "Conv2DOptions", int8, **common)
+
+
+# ---- int16 ----------------------------------------------------------------------------------------
+# TFLite's 16x8 kernels (reference_integer_ops ConvPerChannel / DepthwiseConvPerChannel /
+# FullyConnected with int16 input, int8 filter, int64 bias): accumulate ``x * w`` in int64 (input
+# and output zero points 0, symmetric filters), add the bias, requantise with the int64
+# ``MultiplyByQuantizedMultiplier`` (16-bit reduced multiplier, one rounding), clamp to the
+# activation range in int16. Pooling is the int8 arithmetic clamped to int16.
+def _bias16(xs, op):
+    if len(xs) < 3:
+        return None
+    b = np.asarray(xs[2])
+    if b.dtype.kind not in "iu":
+        raise ShapeError(f"{op}: int16 reference needs an int64 (or int32) bias, got {b.dtype}")
+    return b.astype(np.int64)
+
+
+def _finish16(acc, bias, mult, shift, out_zp, act, out_scale):
+    if bias is not None:
+        acc = acc + bias
+    y = mbqm64(acc, mult, shift) + out_zp
+    lo, hi = fp.activation_range(act, out_scale, out_zp, -32768, 32767)
+    return clamp16(y, lo, hi)
+
+
+def conv2d_int16(xs, attrs, in_types, out_type):
+    x, w = xs[0], xs[1]
+    (s_in, z_in), (s_out, z_out) = int16_io(in_types[:1], out_type, "conv2d")
+    need_int8(in_types[1], "weight", "conv2d")
+    O = w.shape[0]
+    ws, wz, _ = channel_params(in_types[1], O, "conv2d")
+    wf = w.astype(np.float64) - wz.reshape(O, 1, 1, 1)
+    acc = np.rint(conv2d_nobias(x.astype(np.float64), wf, attrs)).astype(np.int64)
+    mult, shift = requantize_params(s_in, ws, s_out)
+    return _finish16(acc, _bias16(xs, "conv2d"), mult, shift, z_out, attrs["activation"], s_out)
+
+
+def dense_int16(xs, attrs, in_types, out_type):
+    x, w = xs[0], xs[1]
+    (s_in, z_in), (s_out, z_out) = int16_io(in_types[:1], out_type, "dense")
+    need_int8(in_types[1], "weight", "dense")
+    N = w.shape[0]
+    ws, wz, _ = channel_params(in_types[1], N, "dense")
+    wf = w.astype(np.float64) - wz.reshape(N, 1)
+    acc = np.rint(np.matmul(x.astype(np.float64), wf.T)).astype(np.int64)
+    bias = _bias16(xs, "dense")
+    if bias is not None:
+        acc = acc + bias
+    # LiteRT's reference FULLY_CONNECTED requantises in double for int16 as for int8 (see above)
+    y = fc_requantize(acc, fc_effective_scales(s_in, ws, s_out)) + z_out
+    lo, hi = fp.activation_range(attrs["activation"], s_out, z_out, -32768, 32767)
+    return clamp16(y, lo, hi)
+
+
+def avg_pool2d_int16(xs, attrs, in_types, out_type):
+    int16_io(in_types[:1], out_type, "avg_pool2d", symmetric=False)
+    same_quant(in_types[0], out_type, "avg_pool2d")
+    if attrs.get("count_include_pad"):
+        raise ShapeError("avg_pool2d: TFLite's int16 average pool divides by the in-image tap count "
+                         "(count_include_pad=False)")
+    x = xs[0].astype(np.int64)
+    G = pool_geometry(x.shape, attrs)
+    xp = _padded(x, G)
+    ones = _padded(np.ones((1, G["H"], G["W"], 1), np.int64), G)
+    acc = np.zeros((G["N"], G["oh"], G["ow"], G["C"]), np.int64)
+    cnt = np.zeros((1, G["oh"], G["ow"], 1), np.int64)
+    for kh in range(G["KH"]):
+        for kw in range(G["KW"]):
+            acc += xp[_win(G, kh, kw)]
+            cnt += ones[_win(G, kh, kw)]
+    half = cnt // 2
+    return clamp16(np.where(acc > 0, trunc_div(acc + half, cnt), trunc_div(acc - half, cnt)))
+
+
+def max_pool2d_int16(xs, attrs, in_types, out_type):
+    int16_io(in_types[:1], out_type, "max_pool2d", symmetric=False)
+    same_quant(in_types[0], out_type, "max_pool2d")
+    return get_op("max_pool2d").ref(xs, attrs)

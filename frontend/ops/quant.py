@@ -1,7 +1,7 @@
 """Ops that exist because of quantisation: ``quantize``, ``dequantize`` and ``fake_quant``.
 
-- ``quantize(x; scale, zero_point, dtype)``: float -> int8 as TFLite's QUANTIZE computes it
-  (``round_half_away(float32(x) / float32(scale)) + zp``, clamped), or int8 -> int8
+- ``quantize(x; scale, zero_point, dtype)``: float -> int8 or int16 as TFLite's QUANTIZE computes it
+  (``round_half_away(float32(x) / float32(scale)) + zp``, clamped), or int8/int16 -> int8/int16
   requantisation (``multiply_by_quantized_multiplier`` by ``in_scale / out_scale``).
 - ``dequantize(q)``: ``float32(double(scale) * (q - zp))``.
 - ``fake_quant(x; scale, zero_point, axis, qmin, qmax)``: float -> float, the quantise-dequantise
@@ -70,7 +70,7 @@ def _quantize_ref(xs, a, in_types=None, out_type=None):
 register("quantize", attrs={"scale": Attr("any", REQUIRED), "zero_point": Attr("ints", (0,)),
                             "dtype": Attr("str", "int8")},
          infer=_quantize_infer, ref=lambda xs, a: _quantize_ref(xs, a), props={QUANTIZABLE, UNARY, ELEMENTWISE, NONDIFF},
-         arity=1, doc="float -> int8 (TFLite QUANTIZE) or int8 -> int8 requantisation")
+         arity=1, doc="float -> int8 or int16 (TFLite QUANTIZE), or int8/int16 -> int8/int16 requantisation")
 
 
 def _quantize_int8(xs, a, in_types, out_type):
@@ -108,7 +108,7 @@ def _dequantize_noquant(xs, a):
 
 register("dequantize", attrs={"dtype": Attr("str", "float32", ("float32", "float64"))},
          infer=_dequantize_infer, ref=_dequantize_noquant, props={QUANTIZABLE, UNARY, ELEMENTWISE, NONDIFF}, arity=1,
-         doc="int8 -> float: scale * (q - zero_point) (TFLite DEQUANTIZE)")
+         doc="int8 or int16 -> float: scale * (q - zero_point) (TFLite DEQUANTIZE)")
 get_op("dequantize").int8_ref = _dequantize_int8
 
 
@@ -167,13 +167,13 @@ def _tfl_quantize(imp, k, op, ins, out):
     tfl.options(imp, k, op, name, "QuantizeOptions")
     x = imp.operand(ins[0], k, name)
     ot = imp.tensors[out]
-    if ot["dtype"] != "int8":
-        raise imp.err(f"{w}: output {imp.label(out)} is {ot['dtype']}; Kiln's QUANTIZE produces int8")
+    if ot["dtype"] not in ("int8", "int16"):
+        raise imp.err(f"{w}: output {imp.label(out)} is {ot['dtype']}; Kiln's QUANTIZE produces int8 or int16")
     chk.per_tensor(imp.err, w, ot["quant"], f"output {imp.label(out)}")
     q = ot["quant"]
-    if imp.g.types[x].dtype == "int8":
+    if imp.g.types[x].dtype in ("int8", "int16"):
         chk.ratio_quant(imp.err, w, imp.g.types[x].quant, q)
-    attrs = {"scale": list(q.scale), "zero_point": list(q.zero_point), "dtype": "int8"}
+    attrs = {"scale": list(q.scale), "zero_point": list(q.zero_point), "dtype": ot["dtype"]}
     imp.values[out] = imp.emit(k, name, "quantize", [x], attrs, out)
 
 
@@ -194,8 +194,8 @@ def _tfl_dequantize(imp, k, op, ins, out):
         imp.folded[out] = tfl.dequantized(imp, ins[0], k, name, "the input")
         return
     x = imp.operand(ins[0], k, name)
-    if imp.g.types[x].dtype != "int8":
-        raise imp.err(f"{w}: input {imp.label(ins[0])} is {imp.g.types[x].dtype}; TFLite's DEQUANTIZE reads int8 "
+    if imp.g.types[x].dtype not in ("int8", "int16"):
+        raise imp.err(f"{w}: input {imp.label(ins[0])} is {imp.g.types[x].dtype}; TFLite's DEQUANTIZE reads int8, int16 "
                       f"(or constant float16) tensors")
     chk.per_tensor(imp.err, w, imp.g.types[x].quant, "the input")
     imp.values[out] = imp.emit(k, name, "dequantize", [x], {"dtype": "float32"}, out)

@@ -26,6 +26,7 @@ from ..registry import (
 from . import tflite_util as tfl
 from ._util import need_float, norm_axes, reduced_shape, tt
 from .int8util import clamp8, f32, int8_io, need_int8, same_quant
+from .int16util import clamp16, int16_io, is_int16, need_int16, softmax16_rows
 
 _RED = {"axes": Attr("ints", None), "keepdims": Attr("bool", False)}
 
@@ -465,6 +466,8 @@ def mean_params(in_scale, out_scale, count):
 
 @defrule("mean", "int8_ref")
 def mean_int8(xs, attrs, in_types, out_type):
+    if is_int16(in_types[0]):
+        return mean_int16(xs, attrs, in_types, out_type)
     (si, zi), (so, zo) = int8_io(in_types, out_type, "mean")
     x = xs[0].astype(np.int64)
     axes = norm_axes(attrs["axes"], x.ndim, "mean")
@@ -479,6 +482,8 @@ def mean_int8(xs, attrs, in_types, out_type):
 
 @defrule("pad", "int8_ref")
 def pad_int8(xs, attrs, in_types, out_type):
+    if is_int16(in_types[0]):
+        return pad_int16(xs, attrs, in_types, out_type)
     need_int8(in_types[0], "input", "pad")
     so, zo = same_quant(in_types[0], out_type, "pad")
     value = int(np.clip(fp.quantize_value(attrs["value"], so, zo), -128, 127))
@@ -488,7 +493,8 @@ def pad_int8(xs, attrs, in_types, out_type):
 
 def _data_movement_int8(op):
     def rule(xs, attrs, in_types, out_type):
-        need_int8(in_types[0], "input", op)
+        if not is_int16(in_types[0]):
+            need_int8(in_types[0], "input", op)
         same_quant(in_types[0], out_type, op)
         return get_op(op).ref(xs, attrs)
     return rule
@@ -500,6 +506,8 @@ defrule("slice", "int8_ref")(_data_movement_int8("slice"))
 
 @defrule("concat", "int8_ref")
 def concat_int8(xs, attrs, in_types, out_type):
+    if is_int16(in_types[0]):
+        return concat_int16(xs, attrs, in_types, out_type)
     for k, t in enumerate(in_types):
         need_int8(t, f"input {k}", "concat")
         same_quant(t, out_type, "concat")
@@ -538,6 +546,8 @@ def softmax_int8_rows(x, input_scale, beta=1.0):
 
 @defrule("softmax", "int8_ref")
 def softmax_int8(xs, attrs, in_types, out_type):
+    if is_int16(in_types[0]):
+        return softmax_int16(xs, attrs, in_types, out_type)
     (si, _), (so, zo) = int8_io(in_types, out_type, "softmax")
     if zo != -128 or abs(so - 1.0 / 256) > 0.001 / 256:
         raise ShapeError(f"softmax: TFLite's int8 softmax needs output scale 1/256 and zero point -128, "
@@ -572,7 +582,7 @@ def _tfl_reshape(imp, k, op, ins, out):
     if tuple(want) != tuple(imp.tensors[out]["shape"]):
         raise imp.err(f"{w}: output {imp.label(out)} has shape {list(imp.tensors[out]['shape'])} but TFLite reshapes "
                       f"to {want}")
-    if xt.dtype == "int8":
+    if xt.dtype in ("int8", "int16"):
         chk.same_quant(imp.err, w, xt.quant, imp.tensors[out]["quant"], "the input's")
     imp.values[out] = imp.emit(k, name, "reshape", [x], {"shape": list(want)}, out)
 
@@ -591,6 +601,8 @@ def _tfl_softmax(imp, k, op, ins, out):
         raise imp.err(f"{tfl.where(k, name)}: the input is a scalar; TFLite's softmax needs rank >= 1")
     if xt.dtype == "int8":
         chk.softmax_quant(imp.err, tfl.where(k, name), xt.quant, imp.tensors[out]["quant"])
+    elif xt.dtype == "int16":
+        softmax16_quant(imp.err, tfl.where(k, name), xt.quant, imp.tensors[out]["quant"])
     imp.values[out] = imp.emit(k, name, "softmax", [x], {"axis": -1}, out)
 
 
@@ -610,7 +622,7 @@ def _tfl_pad(imp, k, op, ins, out):
         raise imp.err(f"{w}: input rank {nd} is out of range: TFLite pads up to rank {chk.PAD_MAX_RANK}")
     if p.shape != (nd, 2) or np.any(p < 0):
         raise imp.err(f"{w}: paddings {p.tolist()} must be non-negative with shape [{nd}, 2]")
-    if imp.g.types[x].dtype == "int8":
+    if imp.g.types[x].dtype in ("int8", "int16"):
         chk.same_quant(imp.err, w, imp.g.types[x].quant, imp.tensors[out]["quant"], "the input's")
     check_limit("max_tensor_elements", math.prod(int(d) + int(a) + int(b) for d, (a, b) in
                                                  zip(imp.g.types[x].shape, p)), f"{imp.where} {w}")
@@ -632,7 +644,7 @@ def _tfl_mean(imp, k, op, ins, out):
     axes = sorted({int(a) % nd for a in ax})
     o = tfl.options(imp, k, op, name, "ReducerOptions")
     keep = bool(o.KeepDims()) if o else False
-    if imp.g.types[x].dtype == "int8":
+    if imp.g.types[x].dtype in ("int8", "int16"):
         chk.ratio_quant(imp.err, w, imp.g.types[x].quant, imp.tensors[out]["quant"])
     imp.values[out] = imp.emit(k, name, "mean", [x], {"axes": axes, "keepdims": keep}, out)
 
@@ -654,7 +666,7 @@ def _tfl_concat(imp, k, op, ins, out):
     if not -nd <= axis < nd:
         raise imp.err(f"{w}: axis = {axis} is out of range: allowed {-nd}..{nd - 1}")
     for v in xs:
-        if imp.g.types[v].dtype == "int8":
+        if imp.g.types[v].dtype in ("int8", "int16"):
             chk.same_quant(imp.err, w, imp.g.types[v].quant, imp.tensors[out]["quant"], f"input {v!r}")
     imp.values[out] = imp.emit(k, name, "concat", xs, {"axis": axis % nd}, out)
 
@@ -703,3 +715,52 @@ def _tfl_export_mean(e, n, act, out, int8):
     axes = n.attrs["axes"] if n.attrs["axes"] is not None else list(range(len(it.shape)))
     e.op("MEAN", xs + [e.const(out + "/axes", np.asarray(axes, np.int32))], [y], "ReducerOptions", int8,
          KeepDims=bool(n.attrs["keepdims"]))
+
+
+# ---- int16 ----------------------------------------------------------------------------------------
+# TFLite's 16x8 MEAN, PAD, CONCATENATION and SOFTMAX: mean and pad are the int8 arithmetic in int16;
+# CONCATENATION copies raw int16 values (every input shares the output's scale, zero point 0).
+def mean_int16(xs, attrs, in_types, out_type):
+    (si, zi), (so, zo) = int16_io(in_types, out_type, "mean", symmetric=False)
+    x = xs[0].astype(np.int64)
+    axes = norm_axes(attrs["axes"], x.ndim, "mean")
+    count = int(np.prod([x.shape[a] for a in axes])) if axes else 1
+    total = fp.wrap_int32(x.sum(axis=axes, keepdims=attrs["keepdims"]))
+    if count == 0:
+        return np.zeros(out_type.shape, np.int16)
+    m, s = mean_params(si, so, count)
+    return clamp16(fp.multiply_by_quantized_multiplier(fp.wrap_int32(total - zi * count), m, s) + zo)
+
+
+def pad_int16(xs, attrs, in_types, out_type):
+    so, zo = same_quant(in_types[0], out_type, "pad")
+    value = int(np.clip(fp.quantize_value(attrs["value"], so, zo), -32768, 32767))
+    return get_op("pad").ref(xs, dict(attrs, value=float(value)))
+
+
+def concat_int16(xs, attrs, in_types, out_type):
+    for k, t in enumerate(in_types):
+        need_int16(t, f"input {k}", "concat")
+        same_quant(t, out_type, "concat")
+    return np.concatenate(xs, axis=attrs["axis"])
+
+
+def softmax16_quant(err, where, qi, qo):
+    """TFLite's int16 SOFTMAX Prepare: input and output zero point 0, output scale 1/32768."""
+    chk.per_tensor(err, where, qi, "the input")
+    so, zo = chk.per_tensor(err, where, qo, "the output")
+    if qi.zero_point[0] != 0 or zo != 0:
+        raise err(f"{where}: int16 softmax needs zero points of 0, got input {qi.zero_point[0]} and output {zo}")
+    if abs(so - 1.0 / 32768) > 0.001 / 32768:
+        raise err(f"{where}: output scale {so!r} is out of range: allowed 1/32768 (TFLite's int16 softmax)")
+
+
+def softmax_int16(xs, attrs, in_types, out_type):
+    (si, _), (so, _) = int16_io(in_types, out_type, "softmax")
+    if abs(so - 1.0 / 32768) > 0.001 / 32768:
+        raise ShapeError(f"softmax: TFLite's int16 softmax needs output scale 1/32768, got {out_type}")
+    x = xs[0]
+    ax = attrs["axis"] % x.ndim
+    if ax != x.ndim - 1:
+        return np.moveaxis(softmax16_rows(np.moveaxis(x, ax, -1), si), -1, ax)
+    return softmax16_rows(x, si)

@@ -148,7 +148,9 @@ def bias(imp, k, name, ins, out_dtype, channels):
     if len(ins) < 3 or ins[2] < 0:
         return None
     b = imp.tensors[ins[2]]
-    want = "int32" if out_dtype == "int8" else "float32"
+    want = {"int8": "int32", "int16": "int64"}.get(out_dtype, "float32")
+    if out_dtype == "int16" and b["dtype"] == "int32":     # TFLite's 16x8 kernels also take an int32 bias
+        want = "int32"
     if b["dtype"] != want or math.prod(b["shape"]) != channels:
         raise imp.err(f"{where(k, name)}: bias {imp.label(ins[2])} is {b['dtype']}{list(b['shape'])}; TFLite needs "
                       f"{want}[{channels}]")

@@ -35,6 +35,12 @@ def add_arguments(p):
                    "per input)")
     p.add_argument("--method", default="minmax", choices=["minmax", "percentile", "mse"],
                    help="calibration range method (default: minmax)")
+    p.add_argument("--activations", default="int8", choices=["int8", "int16"],
+                   help="activation type: int8 (default) or int16, TFLite's 16x8 quantisation (int16 symmetric "
+                        "activations, int8 weights, int64 biases)")
+    p.add_argument("--int16-layers", default=None, metavar="NODE,...",
+                   help="mixed precision: these nodes (names as `kiln inspect` shows them) get int16 "
+                        "activations, the rest --activations; QUANTIZE nodes convert between them")
     p.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor (default: per channel)")
     p.add_argument("--int8-io", action="store_true", help="int8 inputs and outputs (default: float, with "
                    "quantize/dequantize at the edges)")
@@ -107,8 +113,8 @@ def outputs(graph, arrays, batch=256):
         xs = []
         for a, name in zip(arrays, graph.inputs):
             t, xb = graph.types[name], a[i:i + batch]
-            if t.dtype == "int8" and xb.dtype.kind == "f":
-                xb = quantize_array(xb, t.quant.scale[0], t.quant.zero_point[0])
+            if t.dtype in ("int8", "int16") and xb.dtype.kind == "f":
+                xb = quantize_array(xb, t.quant.scale[0], t.quant.zero_point[0], t.dtype)
             xs.append(xb.astype(t.dtype, copy=False).reshape((len(xb),) + tuple(t.shape[1:])))
         outs = run_graph(with_batch(graph, len(xs[0])), *xs)
         for k, (o, name) in enumerate(zip(outs, graph.outputs)):
@@ -183,25 +189,36 @@ def run(args):
     calib, ev, targets, described = load_data(args.data, g)
     calib = [a[:args.calibration_size] for a in calib]
     t0 = time.time()
+    if args.qat and (args.activations != "int8" or args.int16_layers):
+        raise KilnError("--qat fine-tunes for int8 activations; for --activations int16 use post-training "
+                        "quantisation (drop --qat)")
     if args.qat:
         q = _qat(Q, g, args, calib)
     else:
         q = Q.ptq(g, calib if len(calib) > 1 else calib[0], per_channel=not args.per_tensor, method=args.method,
-                  int8_io=args.int8_io)
+                  int8_io=args.int8_io, activations=_activations(args))
     seconds = time.time() - t0
     q.meta["float_model"] = os.path.abspath(args.model)
     result = evaluate(g, q, ev, targets)
-    out = args.out or os.path.splitext(args.model)[0] + "_int8.json"
+    out = args.out or os.path.splitext(args.model)[0] + ("_int8.json" if args.activations == "int8" else "_16x8.json")
     files = {"graph": save(q, out)}
     if args.tflite:
         Q.export_tflite(q, args.tflite)
         files["tflite"] = args.tflite
     rep = {"model": args.model, "mode": "qat" if args.qat else "ptq", "method": args.method,
+           "activations": args.activations, "int16_layers": q.meta.get("int16_layers"),
            "per_channel": not args.per_tensor, "int8_io": bool(args.int8_io), "data": described,
            "calibration_samples": len(calib[0]), "eval_samples": len(ev[0]), **result,
            "seconds": round(seconds, 2), "files": files}
     rep["text"] = _text(rep)
     return rep
+
+
+def _activations(args):
+    if not args.int16_layers:
+        return args.activations
+    names = [n.strip() for n in args.int16_layers.split(",") if n.strip()]
+    return {"*": args.activations, **{n: "int16" for n in names}}
 
 
 def _qat(Q, g, args, calib):
@@ -214,19 +231,20 @@ def _qat(Q, g, args, calib):
 
 
 def _text(rep):
-    head = (f"{rep['mode'].upper()} ({rep['method']}, {'per-channel' if rep['per_channel'] else 'per-tensor'} "
-            f"weights) of {rep['model']}: calibrated on {rep['calibration_samples']} samples, evaluated on "
+    head = (f"{rep['mode'].upper()} ({rep['method']}, {rep.get('activations', 'int8')} activations, "
+            f"{'per-channel' if rep['per_channel'] else 'per-tensor'} weights) of {rep['model']}: calibrated on {rep['calibration_samples']} samples, evaluated on "
             f"{rep['eval_samples']} of {rep['data']}")
     lines = [head]
+    qn = rep.get("activations", "int8").replace("int16", "16x8")      # the JSON keys keep their int8_ names
     if rep.get("task") == "classification":
-        lines.append(f"  accuracy: float {100 * rep['float_accuracy']:.2f}%   int8 {100 * rep['int8_accuracy']:.2f}%"
+        lines.append(f"  accuracy: float {100 * rep['float_accuracy']:.2f}%   {qn} {100 * rep['int8_accuracy']:.2f}%"
                      f"   delta {rep['delta_pp']:+.2f} pp")
     elif rep.get("task") == "regression":
         f, q = rep["float_error"], rep["int8_error"]
         lines.append(f"  error vs expected outputs: float MSE {f['mse']:.4g} MAE {f['mae']:.4g}   "
-                     f"int8 MSE {q['mse']:.4g} MAE {q['mae']:.4g}")
+                     f"{qn} MSE {q['mse']:.4g} MAE {q['mae']:.4g}")
     d = rep["int8_vs_float"]
     lsb = f" ({d['mean_lsb']:.2f} LSB mean, {d['max_lsb']:.1f} LSB max)" if "mean_lsb" in d else ""
-    lines.append(f"  int8 vs float outputs: mean |diff| {d['mae']:.4g}, max {d['max_abs']:.4g}{lsb}")
+    lines.append(f"  {qn} vs float outputs: mean |diff| {d['mae']:.4g}, max {d['max_abs']:.4g}{lsb}")
     lines += [f"  wrote {k}: {v}" for k, v in rep["files"].items()]
     return "\n".join(lines)
