@@ -7,6 +7,7 @@ import numpy as np
 from tvm import te, tirx
 
 from kiln.frontend.ops.elementwise import ADD_LEFT_SHIFT, add_params, mul_params
+from kiln.frontend.ops.elementwise_int8 import SQDIFF_LEFT_SHIFT, prelu_params, sqdiff_params, sub_params
 from kiln.frontend.registry import get_op
 
 from . import qmath
@@ -127,3 +128,74 @@ def _binary_rule(name, kernel):
 
 lower_rule("add")(_binary_rule("add", _add_int8))
 lower_rule("mul")(_binary_rule("mul", _mul_int8))
+
+
+# ---- TFLite's element-wise family: int8 kernels (frontend/ops/elementwise_int8.py) -----------
+# unary int8 ops: a 256-entry table from the op's int8 reference (bit-exact by construction)
+for _n in ("leaky_relu", "hard_swish", "abs", "rsqrt", "elu"):
+    lower_rule(_n)(_unary_rule(_n))
+
+
+def _zps(*ts):
+    return tuple(int(t.quant.zero_point[0]) for t in ts)
+
+
+def _scaled(x, t, ty, i, z, left_shift, m, sh):
+    """MultiplyByQuantizedMultiplierSmallerThanOneExp((x - z) << left_shift, m, sh) of one operand."""
+    v = (_load(x, t, ty, i).astype("int32") - c(z)) * c(1 << left_shift)
+    return qmath.mbqm(v, c(m), sh)
+
+
+def _sub_int8(k, node, xs, t1, t2, ty):
+    """TFLite int8 SUB: ADD's arithmetic with the second multiplier negated."""
+    z1, z2, zo = _zps(t1, t2, ty)
+    (m1, sh1), (m2, sh2), (mo, sho) = sub_params(t1.quant.scale[0], t2.quant.scale[0], ty.quant.scale[0])
+    a, b = xs
+
+    def body(*i):
+        return qmath.let("s1", _scaled(a, t1, ty, i, z1, ADD_LEFT_SHIFT, m1, sh1), lambda u1: qmath.let(
+            "s2", _scaled(b, t2, ty, i, z2, ADD_LEFT_SHIFT, m2, sh2), lambda u2: qmath.clamp(
+                qmath.mbqm(u1 + u2, c(mo), sho) + c(zo), -128, 127).astype("int8")))
+    return te.compute(_out_shape(ty), body, name="sub")
+
+
+def _sqdiff_int8(k, node, xs, t1, t2, ty):
+    z1, z2, zo = _zps(t1, t2, ty)
+    (m1, sh1), (m2, sh2), (mo, sho) = sqdiff_params(t1.quant.scale[0], t2.quant.scale[0], ty.quant.scale[0])
+    a, b = xs
+
+    def body(*i):
+        d = _scaled(a, t1, ty, i, z1, SQDIFF_LEFT_SHIFT, m1, sh1) - _scaled(b, t2, ty, i, z2, SQDIFF_LEFT_SHIFT, m2, sh2)
+        return qmath.let("d", d, lambda dv: qmath.clamp(qmath.mbqm(dv * dv, c(mo), sho) + c(zo), -128, 127)
+                         .astype("int8"))
+    return te.compute(_out_shape(ty), body, name="squared_difference")
+
+
+def _minmax_int8(fn):
+    def kernel(k, node, xs, t1, t2, ty):
+        a, b = xs
+        if node.inputs[0] == node.inputs[1]:     # max(x, x) = x (gcc -Werror rejects the self-comparison)
+            return te.compute(_out_shape(ty), lambda *i: _load(a, t1, ty, i), name=node.op)
+        return te.compute(_out_shape(ty), lambda *i: fn(_load(a, t1, ty, i), _load(b, t2, ty, i)), name=node.op)
+    return kernel
+
+
+def _prelu_int8(k, node, xs, t1, t2, ty):
+    z1, z2, zo = _zps(t1, t2, ty)
+    (m1, sh1), (m2, sh2) = prelu_params(t1.quant.scale[0], t2.quant.scale[0], ty.quant.scale[0])
+    x, al = xs
+
+    def body(*i):
+        def on(v):
+            pos = qmath.mbqm(v, c(m1), sh1)
+            neg = qmath.mbqm(v * (_load(al, t2, ty, i).astype("int32") - c(z2)), c(m2), sh2)
+            return qmath.clamp(tirx.Select(v >= c(0), pos, neg) + c(zo), -128, 127).astype("int8")
+        return qmath.let("v", _load(x, t1, ty, i).astype("int32") - c(z1), on)
+    return te.compute(_out_shape(ty), body, name="prelu")
+
+
+lower_rule("sub")(_binary_rule("sub", _sub_int8))
+lower_rule("squared_difference")(_binary_rule("squared_difference", _sqdiff_int8))
+lower_rule("maximum")(_binary_rule("maximum", _minmax_int8(tirx.max)))
+lower_rule("minimum")(_binary_rule("minimum", _minmax_int8(tirx.min)))
+lower_rule("prelu")(_binary_rule("prelu", _prelu_int8))

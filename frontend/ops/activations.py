@@ -24,7 +24,7 @@ def _abs_vjp(n, xs, y, gy):
     return [F.where(x > 0.0, gy, F.where(x < 0.0, -gy, gy * 0.0))]
 
 
-_unary("abs", np.abs, _abs_vjp, lambda T, v, a: T.te.abs(v), doc="|x|; gradient 0 at 0 (as torch)")
+_unary("abs", np.abs, _abs_vjp, lambda T, v, a: T.tirx.Select(v < T.c(0, T.dt(v)), -v, v), doc="|x|; gradient 0 at 0 (as torch)")
 _unary("square", np.square, lambda n, xs, y, gy: [gy * (xs[0] * 2.0)], lambda T, v, a: v * v, doc="x * x")
 _unary("rsqrt", lambda x: 1.0 / np.sqrt(x), lambda n, xs, y, gy: [gy * (y * y * y) * -0.5],
        lambda T, v, a: T.c(1, T.dt(v)) / T.te.sqrt(v), doc="1 / sqrt(x) (VJP reads the output)")
@@ -102,7 +102,8 @@ def _floor_mod_ref(a, b):
 
 
 def _floor_mod_te(T, a, b):
-    r = T.te.fmod(a, b)
+    d = T.dt(a)     # C's fmod (TVM's C target has no lowering of tirx.fmod)
+    r = T.tirx.call_pure_extern(d, {"float32": "fmodf", "float64": "fmod"}.get(d, "fmodf"), a, b)
     z = T.c(0, T.dt(a))
     return T.tirx.Select(T.tirx.And(T.tirx.NE(r, z), T.tirx.NE(b < z, r < z)), r + b, r)
 
