@@ -258,7 +258,9 @@ def lut_populate(transform, si, zi, so, zo):
     deq = _f(si) * (vals - zi).astype(np.float32)
     t = np.asarray(transform(deq), np.float32)
     rescaled = fp.round_half_away((t * (_f(1.0) / _f(so))).astype(np.float32))
-    return np.clip((rescaled + _f(zo)).astype(np.int64), -128, 127)
+    # float -> int32 saturates (Arm's VCVT, and LiteRT: exp of large inputs gives 127, not -128)
+    return np.clip(np.clip((rescaled + _f(zo)).astype(np.float64), -2.0 ** 31, 2.0 ** 31 - 1).astype(np.int64),
+                   -128, 127)
 
 
 def _exp_f32(x):
