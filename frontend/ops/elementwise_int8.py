@@ -15,6 +15,8 @@ which TFLite Micro shares for these ops), bit for bit:
 - ``exp``, ``elu``: 256-entry tables filled in float32 (LUTPopulate).
 Multipliers are formed in float32 where TFLite's Prepare() computes in float, as it does.
 """
+import ctypes
+
 import numpy as np
 
 from .. import fixedpoint as fp
@@ -283,8 +285,116 @@ _lut_rule("exp", _exp_f32)
 _lut_rule("elu", _elu_f32)
 
 
+def _libm_f32(name, fallback):
+    """A float32 libm function (``logf``, ``sqrtf``) as C computes it, element by element."""
+    lib = fp._LIBM
+    fn = getattr(lib, name, None) if lib is not None else None
+    if fn is None:
+        return lambda x: fallback(np.asarray(x, np.float64)).astype(np.float32)
+    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
+    return lambda x: np.asarray([fn(float(v)) for v in np.ravel(x)], np.float32).reshape(np.shape(x))
+
+
+_logf = _libm_f32("logf", np.log)
+
+
+def _log_rule(xs, attrs, in_types, out_type):
+    """LogLUTPrepare: log of a value <= 0 is the output's lowest representable value."""
+    (si, zi), (so, zo) = int8_io(in_types, out_type, "log")
+    out_min = _f(_f(-128 - zo) * _f(so))
+
+    def transform(v):
+        safe = np.where(v > 0, v, _f(1.0)).astype(np.float32)
+        return np.where(v > 0, _logf(safe), out_min).astype(np.float32)
+    return lut_populate(transform, si, zi, so, zo)[_i64(xs[0]) + 128].astype(np.int8)
+
+
+defrule("log", "int8_ref")(_log_rule)
+
+
+# ---- neg / where: the codes as they are (LiteRT's int8 NEG and SELECT_V2 do not rescale) ---------
+@defrule("neg", "int8_ref")
+def neg_int8(xs, attrs, in_types, out_type):
+    int8_io(in_types, out_type, "neg")
+    return (-_i64(xs[0])).astype(np.int8)          # -(-128) wraps to -128, as C's int8 cast
+
+
+@defrule("where", "int8_ref")
+def where_int8(xs, attrs, in_types, out_type):
+    int8_io(in_types[1:], out_type, "where", 2)
+    return np.where(xs[0], xs[1], xs[2]).astype(np.int8)
+
+
+# ---- div ----------------------------------------------------------------------------------------
+def div_params(s1, s2, s_out):
+    return fp.quantize_multiplier(float(_f(s1) / (_f(s2) * _f(s_out))))
+
+
+def count_leading_sign_bits(x):
+    """CountLeadingSignBits on int32 values (gcc's __builtin_clrsb; 31 for 0 and -1)."""
+    x = _i64(x)
+    return fp.count_leading_zeros_u32(np.where(x >= 0, x, ~x)) - 1
+
+
+@defrule("div", "int8_ref")
+def div_int8(xs, attrs, in_types, out_type):
+    (s1, z1), (s2, z2), (so, zo) = int8_io(in_types, out_type, "div", 2)
+    m, e = div_params(s1, s2, so)
+    a, b = np.broadcast_arrays(_i64(xs[0]) - z1, _i64(xs[1]) - z2)
+    if np.any(b == 0):
+        raise ShapeError(f"div: int8 divisor equals its zero point {z2} (division by zero; TFLite's int8 DIV "
+                         f"is undefined there)")
+    a, b = np.where(b < 0, -a, a), np.abs(b)
+    inv, recip_shift = fp.get_reciprocal(b, 31)
+    headroom = count_leading_sign_bits(a)
+    q = fp.multiply_by_quantized_multiplier_greater_than_one(a, inv, headroom)
+    total = e - recip_shift - headroom
+    if np.any(total > 0):
+        raise ShapeError(f"div: input 0 scale / (input 1 scale * output scale) = {s1 / (s2 * so):g} is too large for "
+                         f"TFLite's int8 DIV (its right shift turns negative)")
+    return clamp8(rounding_divide_by_pot_x86(fp.saturating_rounding_doubling_high_mul(q, m), -total) + zo)
+
+
+def rounding_divide_by_pot_x86(x, exponent):
+    """gemmlowp RoundingDivideByPOT(int32 x, exponent) also for exponent >= 32, which TFLite's int8 DIV
+    reaches for small numerators (undefined in C): as LiteRT computes it on x86, the mask
+    (1ll << exponent) - 1 truncated to int32 is -1 and the shift count is taken mod 32."""
+    x, e = _i64(x), _i64(exponent)
+    big = e >= 32
+    mask = np.where(big, -1, (np.int64(1) << np.minimum(e, 31)) - 1)
+    threshold = (mask >> 1) + (x < 0)
+    return (x >> (e & 31)) + ((x & mask) > threshold)
+
+
+# ---- comparisons: both sides rescaled with left_shift 8 ------------------------------------------
+CMP_LEFT_SHIFT = 8
+
+
+def cmp_params(s):
+    if not f32(s) < 1.0:
+        raise ShapeError(f"comparison: TFLite's int8 comparisons need input scales below 1, got {s}")
+    return fp.quantize_multiplier(f32(s))
+
+
+def _cmp_rule(name, fn):
+    def rule(xs, attrs, in_types, out_type):
+        (s1, z1), (s2, z2) = int8_io(in_types, in_types[0], name, 2)[:2]
+        (m1, e1), (m2, e2) = cmp_params(s1), cmp_params(s2)
+        a = fp.multiply_by_quantized_multiplier((_i64(xs[0]) - z1) << CMP_LEFT_SHIFT, m1, e1)
+        b = fp.multiply_by_quantized_multiplier((_i64(xs[1]) - z2) << CMP_LEFT_SHIFT, m2, e2)
+        return fn(a, b)
+    rule.__name__ = f"{name}_int8"
+    return defrule(name, "int8_ref")(rule)
+
+
+for _n, _fn in (("equal", np.equal), ("not_equal", np.not_equal), ("less", np.less), ("less_equal", np.less_equal),
+                ("greater", np.greater), ("greater_equal", np.greater_equal)):
+    _cmp_rule(_n, _fn)
+
+
 # ---- how PTQ quantises them ----------------------------------------------------------------------
-for _n in ("sub", "squared_difference", "leaky_relu", "prelu", "hard_swish", "abs", "rsqrt", "exp", "elu"):
+for _n in ("sub", "squared_difference", "leaky_relu", "prelu", "hard_swish", "abs", "rsqrt", "exp", "elu", "log",
+           "div"):
     _quantizable(_n, Quant())
 for _n in ("maximum", "minimum"):
     _quantizable(_n, Quant(inputs="requantize"))

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import kiln.frontend.errors
 import kiln.quantize  # noqa: F401
 from kiln.frontend import Graph, TensorType, run
 from kiln.frontend.tflite_import import load_tflite
@@ -85,9 +86,9 @@ def test_int8_unary_all_codes(op, zi, zo, ls, dl, alpha, same):
 
 
 def _litert_builtin(model, feeds):
-    """LiteRT's builtin kernels (ELU is not in the BUILTIN_REF resolver)."""
+    """LiteRT's builtin kernels without XNNPACK (ELU, CEIL, ROUND are not in the BUILTIN_REF resolver)."""
     interp = pytest.importorskip("ai_edge_litert.interpreter")
-    it = interp.Interpreter(model_content=model, experimental_op_resolver_type=interp.OpResolverType.BUILTIN)
+    it = interp.Interpreter(model_content=model, experimental_op_resolver_type=interp.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
     it.allocate_tensors()
     for d, x in zip(it.get_input_details(), feeds):
         it.set_tensor(d["index"], x)
@@ -232,3 +233,72 @@ def test_import_refuses_int8_without_reference():
     with pytest.raises(TFLiteImportError, match=r"operator 0 \(SQRT\).*int8 SQRT is not supported"):
         load_tflite(export_tflite(g8))
     assert load_tflite(bytes(data)).nodes[0].op == "sin"
+
+
+# ---- int8 div, comparisons, select, log, neg ----------------------------------------------------
+@settings(**SETTINGS)
+@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4), swap=st.booleans(), z1=zp, z2=zp, zo=zp,
+       l1=log_scale, l2=log_scale, dl=st.floats(-3.0, 3.0), act=st.sampled_from(["none", "relu", "relu6"]),
+       seed=st.integers(0, 2 ** 31))
+def test_int8_div(shape, swap, z1, z2, zo, l1, l2, dl, act, seed):
+    """Every numerator/denominator size, including small numerators over large divisors where
+    TFLite's right shift reaches 32 or more."""
+    rng = np.random.default_rng(seed)
+    s1, s2 = tuple(shape), _bshape(rng, shape)
+    if swap:
+        s1, s2 = s2, s1
+    lo = l1 - l2 + dl
+    b = i8(rng, s2)
+    b[b == z2] = np.int8(z2 + 1 if z2 < 127 else z2 - 1)
+    g = Graph("div")
+    g.add_input("a", TensorType(s1, "int8", q(2.0 ** l1, z1)))
+    g.add_input("b", TensorType(s2, "int8", q(2.0 ** l2, z2)))
+    oq = q(2.0 ** lo, zo)
+    out_shape = np.broadcast_shapes(s1, s2)
+    g.add_node("div", ["a", "b"], name="d", out_type=TensorType(out_shape, "int8", oq))
+    if act != "none":
+        g.add_node(act, ["d"], name="y", out_type=TensorType(out_shape, "int8", oq))
+    g.outputs = [g.nodes[-1].name]
+    try:
+        got, want = compare(g, [i8(rng, s1), b])
+    except kiln.frontend.errors.ShapeError as e:
+        assert "too large" in str(e)          # multiplier out of TFLite's range: refused by name
+        return
+    assert_same(got, want, f"div {s1} {s2} {act}")
+
+
+@settings(**SETTINGS)
+@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4), swap=st.booleans(), op=st.sampled_from(CMP),
+       z1=zp, z2=zp, l1=st.floats(-9.0, -0.1), l2=st.floats(-9.0, -0.1), seed=st.integers(0, 2 ** 31))
+def test_int8_comparisons(shape, swap, op, z1, z2, l1, l2, seed):
+    rng = np.random.default_rng(seed)
+    s1, s2 = tuple(shape), _bshape(rng, shape)
+    if swap:
+        s1, s2 = s2, s1
+    if rng.random() < 0.3:
+        l2, z2 = l1, z1                    # equal parameters: exact ties
+    g = single_op(op, [("a", TensorType(s1, "int8", q(2.0 ** l1, z1)), None),
+                       ("b", TensorType(s2, "int8", q(2.0 ** l2, z2)), None)], {}, None, "bool")
+    got, want = compare(g, [i8(rng, s1), i8(rng, s2)])
+    assert_same(got, want, f"{op} {s1} {s2}")
+
+
+@settings(**SETTINGS)
+@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4), z=zp, ls=log_scale, seed=st.integers(0, 2 ** 31))
+def test_int8_select_v2(shape, z, ls, seed):
+    rng = np.random.default_rng(seed)
+    shape = tuple(shape)
+    sc, sb = _bshape(rng, shape), _bshape(rng, shape)
+    g = single_op("where", [("c", TensorType(sc, "bool"), None), ("a", TensorType(shape, "int8", q(2.0 ** ls, z)), None),
+                            ("b", TensorType(sb, "int8", q(2.0 ** ls, z)), None)], {}, q(2.0 ** ls, z))
+    got, want = compare(g, [rng.random(sc) < 0.5, i8(rng, shape), i8(rng, sb)])
+    assert_same(got, want, "select_v2")
+
+
+@settings(**SETTINGS)
+@given(op=st.sampled_from(["log", "neg"]), zi=zp, zo=zp, ls=st.floats(-8.0, 1.0), lo=st.floats(-8.0, 1.0))
+def test_int8_log_neg_all_codes(op, zi, zo, ls, lo):
+    x = np.arange(-128, 128, dtype=np.int64).astype(np.int8)
+    g = single_op(op, [("x", TensorType(x.shape, "int8", q(2.0 ** ls, zi)), None)], {}, q(2.0 ** lo, zo))
+    got, want = compare(g, [x])
+    assert_same(got, want, op)
