@@ -6,8 +6,16 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
+from kiln.frontend.fixedpoint import get_reciprocal
 from kiln.frontend.ops.elementwise import ADD_LEFT_SHIFT, add_params, mul_params
-from kiln.frontend.ops.elementwise_int8 import SQDIFF_LEFT_SHIFT, prelu_params, sqdiff_params, sub_params
+from kiln.frontend.ops.elementwise_int8 import (
+    SQDIFF_LEFT_SHIFT,
+    count_leading_sign_bits,
+    div_params,
+    prelu_params,
+    sqdiff_params,
+    sub_params,
+)
 from kiln.frontend.registry import get_op
 
 from . import qmath
@@ -199,3 +207,46 @@ lower_rule("squared_difference")(_binary_rule("squared_difference", _sqdiff_int8
 lower_rule("maximum")(_binary_rule("maximum", _minmax_int8(tirx.max)))
 lower_rule("minimum")(_binary_rule("minimum", _minmax_int8(tirx.min)))
 lower_rule("prelu")(_binary_rule("prelu", _prelu_int8))
+
+
+# ---- div: TFLite's reciprocal arithmetic -------------------------------------------------------
+def div_tables():
+    """Compile-time tables of TFLite's int8 DIV: for |divisor| d in 1..255 the Q0.31 reciprocal and
+    num_bits_over_unit (GetReciprocal(d, 31)); for numerator n in -255..255 CountLeadingSignBits(n)."""
+    d = np.arange(256, dtype=np.int64)
+    inv, rs = get_reciprocal(np.maximum(d, 1), 31)
+    n = np.arange(-255, 256, dtype=np.int64)
+    return inv.astype(np.int32), rs.astype(np.int8), count_leading_sign_bits(n).astype(np.int8)
+
+
+def _rdbpot_any(x, e):
+    """rounding_divide_by_pot_x86 (elementwise_int8.py) for an int32 exponent e >= 0 of any size."""
+    def body(xv, ev):
+        mask = tirx.Select(ev >= c(32), c(-1),
+                           ((c(1, "int64") << tirx.min(ev, c(31)).astype("int64")) - c(1, "int64")).astype("int32"))
+        return qmath.let("dm", mask, lambda mv: (xv >> tirx.bitwise_and(ev, c(31))) + tirx.Select(
+            tirx.bitwise_and(xv, mv) > (mv >> c(1)) + tirx.Select(xv < c(0), c(1), c(0)), c(1), c(0)))
+    return qmath.let("dx", x, lambda xv: qmath.let("de", e, lambda ev: body(xv, ev)))
+
+
+def _div_int8(k, node, xs, t1, t2, ty):
+    z1, z2, zo = _zps(t1, t2, ty)
+    m, e = div_params(t1.quant.scale[0], t2.quant.scale[0], ty.quant.scale[0])
+    inv_t, rs_t, hr_t = div_tables()
+    inv, rs, hr = k.const("recip", inv_t), k.const("recip_shift", rs_t), k.const("headroom", hr_t)
+    a, b = xs
+
+    def body(*i):
+        # table indices stay plain expressions (a Let variable may not index a buffer in TE)
+        av = _load(a, t1, ty, i).astype("int32") - c(z1)
+        bv = _load(b, t2, ty, i).astype("int32") - c(z2)
+        n = tirx.Select(bv < c(0), -av, av)
+        d = tirx.Select(bv < c(0), -bv, bv)
+        h = hr[n + c(255)].astype("int32")
+        shifted = (n.astype("int64") * (c(1, "int64") << h.astype("int64"))).astype("int32")
+        return qmath.let("q", qmath.srdhm(shifted, inv[d].astype("int32")), lambda qv: qmath.clamp(
+            _rdbpot_any(qmath.srdhm(qv, c(m)), c(-e) + rs[d].astype("int32") + h) + c(zo), -128, 127)).astype("int8")
+    return te.compute(_out_shape(ty), body, name="div")
+
+
+lower_rule("div")(_binary_rule("div", _div_int8))

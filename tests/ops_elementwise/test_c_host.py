@@ -32,6 +32,8 @@ def int8_graph():
         ("leaky_relu", ["x"], {"alpha": 0.1}, q(0.03, -50)), ("leaky_relu", ["x"], {"alpha": 1.5}, q(0.08, 7)),
         ("hard_swish", ["x"], {}, q(0.04, -60)), ("abs", ["x"], {}, q(0.05, -128)), ("abs", ["x"], {}, q(0.02, -100)),
         ("rsqrt", ["p"], {}, q(0.1, -110)), ("exp", ["x"], {}, q(0.2, -128)), ("elu", ["x"], {}, q(0.03, 40)),
+        ("log", ["x"], {}, q(0.05, 90)), ("neg", ["x"], {}, q(0.05, 3)),
+        ("div", ["x", "y"], {}, q(0.1, 5)), ("div", ["y", "x"], {}, q(0.05, -3)), ("div", ["x", "x"], {}, q(0.3, -100)),
     ]
     outs = []
     for k, (op, ins, attrs, oq) in enumerate(nodes):
@@ -46,6 +48,8 @@ def test_int8_kernels_bit_exact_on_host(tmp_path):
     pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
     for _ in range(3):
         feeds = [i8((2, 3, 5, 4)), i8((5, 1)), i8((2, 3, 5, 4))]
+        feeds[0][feeds[0] == 3] = 4             # divisors away from their zero points (TFLite: undefined)
+        feeds[1][feeds[1] == -20] = -21
         for name, want, got in zip(g.outputs, run(g, *feeds), pkg.run(*feeds)):
             assert got.dtype == want.dtype == np.int8, name
             np.testing.assert_array_equal(got, want, err_msg=name)
@@ -90,3 +94,21 @@ def test_int8_op_without_int8_reference_is_refused(op, tmp_path):
     g.outputs = ["here"]
     with pytest.raises(LoweringError, match="here"):
         compile_pkg(g, target="host", out_dir=tmp_path, measure_size=False)
+
+
+@pytest.mark.parametrize("scales", [(0.05, 3, 0.03, -7, 0.1, 5), (0.5, -100, 0.003, 17, 0.9, -3),
+                                    (0.002, 127, 0.4, -128, 0.00001, 0)])
+def test_int8_div_every_code_pair_on_host(scales, tmp_path):
+    """All 256 x 255 (numerator, divisor) codes: TFLite's reciprocal tables, headroom and its
+    shifts of 32 or more in C equal the int8 reference."""
+    s1, z1, s2, z2, so, zo = scales
+    a = np.repeat(np.arange(-128, 128), 256).astype(np.int8)
+    b = np.tile(np.arange(-128, 128), 256).astype(np.int8)
+    keep = b != z2
+    a, b = a[keep], b[keep]
+    g = Graph("div_all")
+    g.add_input("a", TensorType(a.shape, "int8", q(s1, z1)))
+    g.add_input("b", TensorType(b.shape, "int8", q(s2, z2)))
+    g.outputs = [g.add_node("div", ["a", "b"], name="d", out_type=TensorType(a.shape, "int8", q(so, zo)))]
+    pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
+    np.testing.assert_array_equal(pkg.run(a, b)[0], run(g, a, b)[0])
