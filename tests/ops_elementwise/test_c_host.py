@@ -112,3 +112,15 @@ def test_int8_div_every_code_pair_on_host(scales, tmp_path):
     g.outputs = [g.add_node("div", ["a", "b"], name="d", out_type=TensorType(a.shape, "int8", q(so, zo)))]
     pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
     np.testing.assert_array_equal(pkg.run(a, b)[0], run(g, a, b)[0])
+
+
+@pytest.mark.parametrize("op", ["sub", "squared_difference", "maximum", "div"])
+def test_int8_six_d_broadcast_on_host(op, tmp_path):
+    g = Graph("six_d")
+    g.add_input("a", TensorType((2, 1, 3, 1, 2, 2), "int8", q(0.05, 3)))
+    g.add_input("b", TensorType((2, 1, 3, 1, 2), "int8", q(0.03, -7)))
+    g.outputs = [g.add_node(op, ["a", "b"], name="y", out_type=TensorType((2, 2, 3, 3, 2, 2), "int8", q(0.2, 1)))]
+    pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
+    a, b = i8((2, 1, 3, 1, 2, 2)), i8((2, 1, 3, 1, 2))
+    b[b == -7] = -8
+    np.testing.assert_array_equal(pkg.run(a, b)[0], run(g, a, b)[0])

@@ -31,9 +31,9 @@ def _bshape(rng, shape):
     return tuple(s[int(rng.integers(0, len(s) + 1)):]) or (1,)
 
 
-# ---- int8 binary: sub, squared_difference, maximum, minimum ------------------------------------
+# ---- int8 binary: sub, squared_difference, maximum, minimum (ranks 1-6, NumPy broadcasting) ------
 @settings(**SETTINGS)
-@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), swap=st.booleans(),
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=6), swap=st.booleans(),
        op=st.sampled_from(["sub", "squared_difference", "maximum", "minimum"]), z1=zp, z2=zp, zo=zp,
        l1=log_scale, l2=log_scale, seed=st.integers(0, 2 ** 31))
 def test_int8_binary(shape, swap, op, z1, z2, zo, l1, l2, seed):
@@ -237,7 +237,7 @@ def test_import_refuses_int8_without_reference():
 
 # ---- int8 div, comparisons, select, log, neg ----------------------------------------------------
 @settings(**SETTINGS)
-@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4), swap=st.booleans(), z1=zp, z2=zp, zo=zp,
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=6), swap=st.booleans(), z1=zp, z2=zp, zo=zp,
        l1=log_scale, l2=log_scale, dl=st.floats(-3.0, 3.0), act=st.sampled_from(["none", "relu", "relu6"]),
        seed=st.integers(0, 2 ** 31))
 def test_int8_div(shape, swap, z1, z2, zo, l1, l2, dl, act, seed):
@@ -268,7 +268,7 @@ def test_int8_div(shape, swap, z1, z2, zo, l1, l2, dl, act, seed):
 
 
 @settings(**SETTINGS)
-@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4), swap=st.booleans(), op=st.sampled_from(CMP),
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=6), swap=st.booleans(), op=st.sampled_from(CMP),
        z1=zp, z2=zp, l1=st.floats(-9.0, -0.1), l2=st.floats(-9.0, -0.1), seed=st.integers(0, 2 ** 31))
 def test_int8_comparisons(shape, swap, op, z1, z2, l1, l2, seed):
     rng = np.random.default_rng(seed)
@@ -284,7 +284,7 @@ def test_int8_comparisons(shape, swap, op, z1, z2, l1, l2, seed):
 
 
 @settings(**SETTINGS)
-@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4), z=zp, ls=log_scale, seed=st.integers(0, 2 ** 31))
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=6), z=zp, ls=log_scale, seed=st.integers(0, 2 ** 31))
 def test_int8_select_v2(shape, z, ls, seed):
     rng = np.random.default_rng(seed)
     shape = tuple(shape)
