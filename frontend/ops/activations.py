@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import functional as F
 from ..errors import ShapeError
-from ..registry import ELEMENTWISE, NONDIFF, UNARY, Attr, defrule, register
+from ..registry import ELEMENTWISE, NONDIFF, UNARY, Attr, defrule, get_op, register
 from ._util import need_float, same_dtype, tt
 from .elementwise import _binary, _ub, _unary, unary_te
 
@@ -108,7 +108,7 @@ def _floor_mod_te(T, a, b):
     return T.tirx.Select(T.tirx.And(T.tirx.NE(r, z), T.tirx.NE(b < z, r < z)), r + b, r)
 
 
-_binary("floor_div", lambda a, b: np.floor(a / b), lambda n, xs, y, gy: [_ub(gy * 0.0, xs[0]), _ub(gy * 0.0, xs[1])],
+_binary("floor_div", lambda a, b: np.floor(a / b), lambda n, xs, y, gy: [None, None],
         lambda T, a, b: T.te.floor(a / b), props={NONDIFF})
 _binary("floor_mod", _floor_mod_ref,
         lambda n, xs, y, gy: [_ub(gy, xs[0]), _ub(-(gy * F.emit("floor_div", [xs[0], xs[1]])), xs[1])],
@@ -150,3 +150,11 @@ def _add_n_te(T, xs, a, out):
         return T.cast(s, out.dtype)
     return T.te.compute(T.shape(xs[0]), body, name="add_n")
 
+
+
+for _name, _doc in (
+        ("squared_difference", "(a - b)**2, NumPy broadcasting (TFLite SQUARED_DIFFERENCE)"),
+        ("prelu", "x if x >= 0 else alpha * x, alpha broadcast against x (TFLite PRELU; a learnable slope)"),
+        ("floor_div", "floor(a / b), NumPy broadcasting (TFLite FLOOR_DIV); no gradient"),
+        ("floor_mod", "a - floor(a / b) * b with the sign of b (TFLite FLOOR_MOD, C's fmod then adjusted)")):
+    get_op(_name).doc = _doc
