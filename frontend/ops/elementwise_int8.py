@@ -12,7 +12,9 @@ which TFLite Micro shares for these ops), bit for bit:
 - ``abs``: |x - zx|, rescaled by input/output scale when the scales differ.
 - ``rsqrt``: GetInvSqrtQuantizedMultiplierExp (Newton-Raphson in gemmlowp fixed point), then
   1 / (sqrt(input scale) * output scale).
-- ``exp``, ``elu``: 256-entry tables filled in float32 (LUTPopulate).
+- ``exp``, ``elu``, ``log``: 256-entry tables filled in float32 (LUTPopulate); ``sqrt`` truncates.
+- ``div``: GetReciprocal / CountLeadingSignBits arithmetic; ``neg``, ``where``: codes as they are;
+  comparisons: both sides rescaled with left_shift 8.
 Multipliers are formed in float32 where TFLite's Prepare() computes in float, as it does.
 """
 import ctypes
@@ -312,6 +314,19 @@ def _log_rule(xs, attrs, in_types, out_type):
 defrule("log", "int8_ref")(_log_rule)
 
 
+@defrule("sqrt", "int8_ref")
+def sqrt_int8(xs, attrs, in_types, out_type):
+    """LiteRT 2.3's int8 SQRT: trunc(sqrtf(dequantised) / s_out) + z_out (it truncates where the
+    LUT ops round). Inferred from LiteRT's results and property-tested against them (its source
+    was not available); LiteRT refuses codes below the zero point, Kiln gives sqrt(0) there."""
+    (si, zi), (so, zo) = int8_io(in_types, out_type, "sqrt")
+    codes = np.arange(-128, 128, dtype=np.int64)
+    deq = _f(si) * np.maximum(codes - zi, 0).astype(np.float32)
+    r = np.trunc(np.sqrt(deq) * (_f(1.0) / _f(so))).astype(np.float64)
+    table = np.clip(np.clip(r, -2.0 ** 31, 2.0 ** 31 - 1).astype(np.int64) + zo, -128, 127)
+    return table[_i64(xs[0]) + 128].astype(np.int8)
+
+
 # ---- neg / where: the codes as they are (LiteRT's int8 NEG and SELECT_V2 do not rescale) ---------
 @defrule("neg", "int8_ref")
 def neg_int8(xs, attrs, in_types, out_type):
@@ -394,7 +409,7 @@ for _n, _fn in (("equal", np.equal), ("not_equal", np.not_equal), ("less", np.le
 
 # ---- how PTQ quantises them ----------------------------------------------------------------------
 for _n in ("sub", "squared_difference", "leaky_relu", "prelu", "hard_swish", "abs", "rsqrt", "exp", "elu", "log",
-           "div"):
+           "div", "sqrt"):
     _quantizable(_n, Quant())
 for _n in ("maximum", "minimum"):
     _quantizable(_n, Quant(inputs="requantize"))

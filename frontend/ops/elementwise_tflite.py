@@ -30,7 +30,7 @@ _FUSED = ("SUB", "DIV")
 # op version LiteRT registers for the int8 kernel
 INT8_VERSIONS = {"SUB": 2, "MAXIMUM": 2, "MINIMUM": 2, "SQUARED_DIFFERENCE": 2, "LEAKY_RELU": 2, "HARD_SWISH": 1,
                  "PRELU": 1, "ABS": 2, "RSQRT": 2, "EXP": 2, "ELU": 1, "NEG": 1, "EQUAL": 2, "NOT_EQUAL": 2,
-                 "LESS": 2, "LESS_EQUAL": 2, "GREATER": 2, "GREATER_EQUAL": 2, "SELECT_V2": 1, "DIV": 2, "LOG": 2}
+                 "LESS": 2, "LESS_EQUAL": 2, "GREATER": 2, "GREATER_EQUAL": 2, "SELECT_V2": 1, "DIV": 2, "LOG": 2, "SQRT": 2}
 
 
 def _check_int8(imp, k, name, kop, xs, out):

@@ -15,7 +15,7 @@ def q(scale, zp):
 
 def family_model():
     """sub, squared_difference, maximum, minimum, prelu, leaky_relu, hard_swish, abs, rsqrt, exp,
-    log, neg and div, broadcasting where TFLite allows it; every intermediate is an output."""
+    log, neg, sqrt and div, broadcasting where TFLite allows it; every intermediate is an output."""
     rng = np.random.default_rng(4)
     g = Graph("ew_board")
     g.add_input("x", TensorType((1, 4, 5, 3), "int8", q(0.05, 3)))
@@ -32,7 +32,7 @@ def family_model():
             node("hard_swish", ["x"], q(0.04, -60)), node("abs", [d], q(0.03, -128)),
             node("log", ["x"], q(0.05, 90)), node("neg", ["x"], q(0.05, 3))]
     e = node("exp", ["y"], q(0.02, -128))             # y in [-1.1, 1.5]: exp(y) never codes to -128
-    outs += [e, node("rsqrt", [e], q(0.03, -100)), node("div", [d, e], q(0.1, 5))]
+    outs += [e, node("rsqrt", [e], q(0.03, -100)), node("sqrt", [e], q(0.01, -128)), node("div", [d, e], q(0.1, 5))]
     g.outputs = outs
     return g
 

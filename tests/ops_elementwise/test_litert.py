@@ -66,7 +66,7 @@ def test_int8_prelu(h, w, c, alpha_shape, zi, za, zo, ls, la, dl, seed):
 
 # ---- int8 unary: every one of the 256 codes ----------------------------------------------------------
 @settings(**SETTINGS)
-@given(op=st.sampled_from(["leaky_relu", "hard_swish", "abs", "exp", "rsqrt"]), zi=zp, zo=zp,
+@given(op=st.sampled_from(["leaky_relu", "hard_swish", "abs", "exp", "rsqrt", "sqrt"]), zi=zp, zo=zp,
        ls=st.floats(-8.0, 0.0), dl=st.floats(-3.0, 3.0), alpha=st.floats(-2.0, 2.0), same=st.booleans())
 def test_int8_unary_all_codes(op, zi, zo, ls, dl, alpha, same):
     si = 2.0 ** ls
@@ -76,8 +76,8 @@ def test_int8_unary_all_codes(op, zi, zo, ls, dl, alpha, same):
     if op == "exp":
         so = 2.0 ** (dl * 2)
     x = np.arange(-128, 128, dtype=np.int64)
-    if op == "rsqrt":
-        x = x[x >= zi]                   # TFLite's RSQRT rejects codes below the zero point
+    if op in ("rsqrt", "sqrt"):
+        x = x[x >= zi]                   # LiteRT's RSQRT and SQRT reject codes below the zero point
     x = x.astype(np.int8)
     attrs = {"alpha": alpha} if op == "leaky_relu" else {}
     g = single_op(op, [("x", TensorType(x.shape, "int8", q(si, zi)), None)], attrs, q(so, zo))
@@ -228,9 +228,9 @@ def test_export_import_round_trip(int8, tmp_path):
 def test_import_refuses_int8_without_reference():
     g = single_op("sin", [("x", TensorType((4,), "float32"), None)], {}, None, "float32")
     data = bytearray(export_tflite(g))
-    g8 = single_op("sqrt", [("x", TensorType((4,), "int8", q(0.1, 0)), None)], {}, q(0.1, 0))
+    g8 = single_op("square", [("x", TensorType((4,), "int8", q(0.1, 0)), None)], {}, q(0.1, 0))
     from kiln.frontend.tflite_import import TFLiteImportError
-    with pytest.raises(TFLiteImportError, match=r"operator 0 \(SQRT\).*int8 SQRT is not supported"):
+    with pytest.raises(TFLiteImportError, match=r"operator 0 \(SQUARE\).*int8 SQUARE is not supported"):
         load_tflite(export_tflite(g8))
     assert load_tflite(bytes(data)).nodes[0].op == "sin"
 
