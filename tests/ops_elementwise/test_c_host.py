@@ -1,11 +1,15 @@
 """The element-wise family through the C backend on the host: every int8 kernel bit-exact with
 Kiln's int8 reference (broadcasting operands, several quantisations), every float op through its
 TE compute within 1e-5 of NumPy."""
+import dataclasses
+
 import numpy as np
 import pytest
 
 import kiln.quantize  # noqa: F401  (int8 references)
 from kiln.backends import compile as compile_pkg
+from kiln.backends import cpus
+from kiln.backends.cpus import TARGETS
 from kiln.frontend import Graph, QParams, TensorType, run
 
 RNG = np.random.default_rng(11)
@@ -43,9 +47,13 @@ def int8_graph():
     return g
 
 
-def test_int8_kernels_bit_exact_on_host(tmp_path):
+# Kiln's kernels for the host and the M3; "plain": TVM's default schedules
+@pytest.mark.parametrize("target", ["host", "cortex-m3", "plain"])
+def test_int8_kernels_bit_exact_on_host(target, tmp_path):
     g = int8_graph()
-    pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
+    if target == "plain":
+        target = dataclasses.replace(cpus.get("cortex-m3"), kernels=False)
+    pkg = compile_pkg(g, target=target, out_dir=tmp_path, plot=False, measure_size=False)
     for _ in range(3):
         feeds = [i8((2, 3, 5, 4)), i8((5, 1)), i8((2, 3, 5, 4))]
         feeds[0][feeds[0] == 3] = 4             # divisors away from their zero points (TFLite: undefined)
@@ -124,3 +132,12 @@ def test_int8_six_d_broadcast_on_host(op, tmp_path):
     a, b = i8((2, 1, 3, 1, 2, 2)), i8((2, 1, 3, 1, 2))
     b[b == -7] = -8
     np.testing.assert_array_equal(pkg.run(a, b)[0], run(g, a, b)[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", sorted(t for t in TARGETS if t != "host"))
+def test_family_cross_compiles_warning_free(target, tmp_path):
+    """Every int8 and float kernel of the family builds with -Wall -Wextra -Werror for each core."""
+    for make in (int8_graph, float_graph):
+        pkg = compile_pkg(make(), target=target, out_dir=tmp_path / make.__name__, plot=False)
+        assert pkg.manifest.sizes["code_bytes"] > 0
