@@ -73,8 +73,13 @@ def _leaky_infer(ts, attrs):
 register("leaky_relu", attrs={"alpha": Attr("float", 0.2)}, infer=_leaky_infer, ref=_leaky_ref,
          vjp=lambda n, xs, y, gy: [F.where(xs[0] > 0.0, gy, gy * float(n.attrs["alpha"]))],
          props={ELEMENTWISE, UNARY}, arity=1, doc="x if x > 0 else alpha * x (TFLite LEAKY_RELU, alpha 0.2 by default)")
-defrule("leaky_relu", "te")(unary_te(
-    "leaky_relu", lambda T, v, a: T.tirx.Select(v > T.c(0, T.dt(v)), v, v * T.c(float(a["alpha"]), T.dt(v)))))
+_leaky_te_rule = unary_te(
+    "leaky_relu", lambda T, v, a: T.tirx.Select(v > T.c(0, T.dt(v)), v, v * T.c(float(a["alpha"]), T.dt(v))))
+
+
+@defrule("leaky_relu", "te")
+def _leaky_te(T, xs, a, out):
+    return _leaky_te_rule(T, xs, a, out)
 
 
 # ---- binary -----------------------------------------------------------------------------------
@@ -105,7 +110,9 @@ def _floor_mod_te(T, a, b):
     d = T.dt(a)     # C's fmod (TVM's C target has no lowering of tirx.fmod)
     r = T.tirx.call_pure_extern(d, {"float32": "fmodf", "float64": "fmod"}.get(d, "fmodf"), a, b)
     z = T.c(0, T.dt(a))
-    return T.tirx.Select(T.tirx.And(T.tirx.NE(r, z), T.tirx.NE(b < z, r < z)), r + b, r)
+    # (b < 0) != (r < 0) with r != 0, written without comparing two booleans (LLVM's FCmp rejects i1)
+    flip = T.tirx.Or(T.tirx.And(b < z, r > z), T.tirx.And(b >= z, r < z))
+    return T.tirx.Select(flip, r + b, r)
 
 
 _binary("floor_div", lambda a, b: np.floor(a / b), lambda n, xs, y, gy: [None, None],
