@@ -6,7 +6,16 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
+from kiln.frontend.fixedpoint import get_reciprocal
 from kiln.frontend.ops.elementwise import ADD_LEFT_SHIFT, ADD_LEFT_SHIFT_16, add_params, mul_params
+from kiln.frontend.ops.elementwise_int8 import (
+    SQDIFF_LEFT_SHIFT,
+    count_leading_sign_bits,
+    div_params,
+    prelu_params,
+    sqdiff_params,
+    sub_params,
+)
 from kiln.frontend.ops.int16util import SIGMOID_TABLE_U16, checked_log2, lut_activation_params
 from kiln.frontend.registry import get_op
 
@@ -138,6 +147,8 @@ lower_rule("mul")(_binary_rule("mul", _mul_int8))
 # TFLite's 16x8 ADD (left shift 15), MUL, RELU/RELU6 (requantise and clamp) and LOGISTIC/TANH (the
 # interpolated 256-entry sigmoid table of reference_integer_ops), as the int16 references compute them.
 def binary16(k, node, xs, t1, t2, ty):
+    if node.op not in ("add", "mul"):
+        k.fail(f"int16 {node.op} has no C kernel (int16: add, mul)")
     for t in (t1, t2, ty):
         if t.dtype != "int16" or t.quant is None or t.quant.per_channel:
             k.fail(f"int16 {node.op} needs per-tensor quantised int16 operands, got {t}")
@@ -204,3 +215,117 @@ def _lut16_tail(name, v, a, uh, table, frac):
         return (r >> c(10)).astype("int16")
     r = tirx.Select(v >= c(0), r - c(1 << 23) + c(1 << 7), c(1 << 23) - r + c((1 << 7) - 1))
     return (r >> c(8)).astype("int16")
+
+
+# ---- TFLite's element-wise family: int8 kernels (frontend/ops/elementwise_int8.py) -----------
+# unary int8 ops: a 256-entry table from the op's int8 reference (bit-exact by construction)
+for _n in ("leaky_relu", "hard_swish", "abs", "rsqrt", "elu"):
+    lower_rule(_n)(_unary_rule(_n))
+
+
+def _zps(*ts):
+    return tuple(int(t.quant.zero_point[0]) for t in ts)
+
+
+def _scaled(x, t, ty, i, z, left_shift, m, sh):
+    """MultiplyByQuantizedMultiplierSmallerThanOneExp((x - z) << left_shift, m, sh) of one operand."""
+    v = (_load(x, t, ty, i).astype("int32") - c(z)) * c(1 << left_shift)
+    return qmath.mbqm(v, c(m), sh)
+
+
+def _sub_int8(k, node, xs, t1, t2, ty):
+    """TFLite int8 SUB: ADD's arithmetic with the second multiplier negated."""
+    z1, z2, zo = _zps(t1, t2, ty)
+    (m1, sh1), (m2, sh2), (mo, sho) = sub_params(t1.quant.scale[0], t2.quant.scale[0], ty.quant.scale[0])
+    a, b = xs
+
+    def body(*i):
+        return qmath.let("s1", _scaled(a, t1, ty, i, z1, ADD_LEFT_SHIFT, m1, sh1), lambda u1: qmath.let(
+            "s2", _scaled(b, t2, ty, i, z2, ADD_LEFT_SHIFT, m2, sh2), lambda u2: qmath.clamp(
+                qmath.mbqm(u1 + u2, c(mo), sho) + c(zo), -128, 127).astype("int8")))
+    return te.compute(_out_shape(ty), body, name="sub")
+
+
+def _sqdiff_int8(k, node, xs, t1, t2, ty):
+    z1, z2, zo = _zps(t1, t2, ty)
+    (m1, sh1), (m2, sh2), (mo, sho) = sqdiff_params(t1.quant.scale[0], t2.quant.scale[0], ty.quant.scale[0])
+    a, b = xs
+
+    def body(*i):
+        d = _scaled(a, t1, ty, i, z1, SQDIFF_LEFT_SHIFT, m1, sh1) - _scaled(b, t2, ty, i, z2, SQDIFF_LEFT_SHIFT, m2, sh2)
+        return qmath.let("d", d, lambda dv: qmath.clamp(qmath.mbqm(dv * dv, c(mo), sho) + c(zo), -128, 127)
+                         .astype("int8"))
+    return te.compute(_out_shape(ty), body, name="squared_difference")
+
+
+def _minmax_int8(fn):
+    def kernel(k, node, xs, t1, t2, ty):
+        a, b = xs
+        if node.inputs[0] == node.inputs[1]:     # max(x, x) = x (gcc -Werror rejects the self-comparison)
+            return te.compute(_out_shape(ty), lambda *i: _load(a, t1, ty, i), name=node.op)
+        return te.compute(_out_shape(ty), lambda *i: fn(_load(a, t1, ty, i), _load(b, t2, ty, i)), name=node.op)
+    return kernel
+
+
+def _prelu_int8(k, node, xs, t1, t2, ty):
+    z1, z2, zo = _zps(t1, t2, ty)
+    (m1, sh1), (m2, sh2) = prelu_params(t1.quant.scale[0], t2.quant.scale[0], ty.quant.scale[0])
+    x, al = xs
+
+    def body(*i):
+        def on(v):
+            pos = qmath.mbqm(v, c(m1), sh1)
+            neg = qmath.mbqm(v * (_load(al, t2, ty, i).astype("int32") - c(z2)), c(m2), sh2)
+            return qmath.clamp(tirx.Select(v >= c(0), pos, neg) + c(zo), -128, 127).astype("int8")
+        return qmath.let("v", _load(x, t1, ty, i).astype("int32") - c(z1), on)
+    return te.compute(_out_shape(ty), body, name="prelu")
+
+
+lower_rule("sub")(_binary_rule("sub", _sub_int8))
+lower_rule("squared_difference")(_binary_rule("squared_difference", _sqdiff_int8))
+lower_rule("maximum")(_binary_rule("maximum", _minmax_int8(tirx.max)))
+lower_rule("minimum")(_binary_rule("minimum", _minmax_int8(tirx.min)))
+lower_rule("prelu")(_binary_rule("prelu", _prelu_int8))
+
+
+# ---- div: TFLite's reciprocal arithmetic -------------------------------------------------------
+def div_tables():
+    """Compile-time tables of TFLite's int8 DIV: for |divisor| d in 1..255 the Q0.31 reciprocal and
+    num_bits_over_unit (GetReciprocal(d, 31)); for numerator n in -255..255 CountLeadingSignBits(n)."""
+    d = np.arange(256, dtype=np.int64)
+    inv, rs = get_reciprocal(np.maximum(d, 1), 31)
+    n = np.arange(-255, 256, dtype=np.int64)
+    return inv.astype(np.int32), rs.astype(np.int8), count_leading_sign_bits(n).astype(np.int8)
+
+
+def _rdbpot_any(x, e):
+    """rounding_divide_by_pot_x86 (elementwise_int8.py) for an int32 exponent e >= 0 of any size."""
+    def body(xv, ev):
+        mask = tirx.Select(ev >= c(32), c(-1),
+                           ((c(1, "int64") << tirx.min(ev, c(31)).astype("int64")) - c(1, "int64")).astype("int32"))
+        return qmath.let("dm", mask, lambda mv: (xv >> tirx.bitwise_and(ev, c(31))) + tirx.Select(
+            tirx.bitwise_and(xv, mv) > (mv >> c(1)) + tirx.Select(xv < c(0), c(1), c(0)), c(1), c(0)))
+    return qmath.let("dx", x, lambda xv: qmath.let("de", e, lambda ev: body(xv, ev)))
+
+
+def _div_int8(k, node, xs, t1, t2, ty):
+    z1, z2, zo = _zps(t1, t2, ty)
+    m, e = div_params(t1.quant.scale[0], t2.quant.scale[0], ty.quant.scale[0])
+    inv_t, rs_t, hr_t = div_tables()
+    inv, rs, hr = k.const("recip", inv_t), k.const("recip_shift", rs_t), k.const("headroom", hr_t)
+    a, b = xs
+
+    def body(*i):
+        # table indices stay plain expressions (a Let variable may not index a buffer in TE)
+        av = _load(a, t1, ty, i).astype("int32") - c(z1)
+        bv = _load(b, t2, ty, i).astype("int32") - c(z2)
+        n = tirx.Select(bv < c(0), -av, av)
+        d = tirx.Select(bv < c(0), -bv, bv)
+        h = hr[n + c(255)].astype("int32")
+        shifted = (n.astype("int64") * (c(1, "int64") << h.astype("int64"))).astype("int32")
+        return qmath.let("q", qmath.srdhm(shifted, inv[d].astype("int32")), lambda qv: qmath.clamp(
+            _rdbpot_any(qmath.srdhm(qv, c(m)), c(-e) + rs[d].astype("int32") + h) + c(zo), -128, 127)).astype("int8")
+    return te.compute(_out_shape(ty), body, name="div")
+
+
+lower_rule("div")(_binary_rule("div", _div_int8))

@@ -21,6 +21,7 @@ from .graph_module import GraphModule
 from .limits import LIMITS, limits, set_limits
 from .loader import load_model
 from .module import (
+                     ELU,
                      AvgPool2d,
                      BatchNorm1d,
                      BatchNorm2d,
@@ -30,10 +31,13 @@ from .module import (
                      Dropout,
                      Flatten,
                      GlobalAvgPool,
+                     Hardswish,
+                     LeakyReLU,
                      Linear,
                      MaxPool2d,
                      Module,
                      Parameter,
+                     PReLU,
                      ReLU,
                      ReLU6,
                      Sequential,

@@ -113,8 +113,8 @@ def cast(x, dtype):
 
 
 def abs(x):
-    """|x| as relu(x) + relu(-x): the gradient at 0 is 0, as torch.abs (sign(0) = 0)."""
-    return relu(x) + relu(neg(x))
+    """|x| (the ``abs`` op, TFLite ABS): the gradient at 0 is 0, as torch.abs (sign(0) = 0)."""
+    return emit("abs", [x])
 
 
 def square(x):
@@ -328,3 +328,24 @@ def max_pool2d_gather(x, g, pool, stride, padding):
 
 def dropout(x, key, rate=0.5, salt=0):
     return emit("dropout", [x, key], rate=float(rate), salt=int(salt))
+
+
+# ---- TFLite's element-wise and activation family (frontend/ops/activations.py) ---------------
+rsqrt, sin, cos, elu, hard_swish = _un("rsqrt"), _un("sin"), _un("cos"), _un("elu"), _un("hard_swish")
+floor, ceil = _un("floor"), _un("ceil")
+squared_difference, prelu = _bin("squared_difference"), _bin("prelu")
+floor_div, floor_mod = _bin("floor_div"), _bin("floor_mod")
+
+
+def round(x):  # noqa: A001  (torch.round: half to even)
+    return emit("round", [x])
+
+
+def leaky_relu(x, alpha=0.2):
+    """x if x > 0 else alpha * x (TFLite LEAKY_RELU; torch's negative_slope)."""
+    return emit("leaky_relu", [x], alpha=float(alpha))
+
+
+def add_n(xs):
+    """x0 + x1 + ... of same-shaped tensors (TFLite ADD_N)."""
+    return emit("add_n", list(xs))

@@ -428,3 +428,39 @@ class Sequential(Module):
     def _direct(self):
         for i, m in enumerate(self.layers):
             yield str(i), m
+
+
+# ---- activations of TFLite's element-wise family (frontend/ops/activations.py) ----------------
+class LeakyReLU(Module):
+    """x if x > 0 else negative_slope * x (LEAKY_RELU)."""
+
+    def __init__(self, negative_slope=0.01):
+        self.negative_slope = float(negative_slope)
+
+    def forward(self, x):
+        return F.leaky_relu(x, self.negative_slope)
+
+
+class Hardswish(Module):
+    """x * relu6(x + 3) / 6 (HARD_SWISH)."""
+
+    def forward(self, x):
+        return F.hard_swish(x)
+
+
+class ELU(Module):
+    """x if x > 0 else exp(x) - 1 (ELU, alpha 1)."""
+
+    def forward(self, x):
+        return F.elu(x)
+
+
+class PReLU(Module):
+    """x if x >= 0 else weight * x, one learnable slope per channel (last axis) or one shared
+    (``num_parameters=1``); PRELU in TFLite."""
+
+    def __init__(self, num_parameters=1, init=0.25):
+        self.weight = Parameter(np.full((num_parameters,), init, np.float32))
+
+    def forward(self, x):
+        return F.prelu(x, self.weight)

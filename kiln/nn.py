@@ -2,6 +2,7 @@
 and eager execution."""
 from kiln.frontend.graph_module import GraphModule  # noqa: F401
 from kiln.frontend.module import (  # noqa: F401
+                                  ELU,
                                   AvgPool2d,
                                   BatchNorm1d,
                                   BatchNorm2d,
@@ -11,10 +12,13 @@ from kiln.frontend.module import (  # noqa: F401
                                   Dropout,
                                   Flatten,
                                   GlobalAvgPool,
+                                  Hardswish,
+                                  LeakyReLU,
                                   Linear,
                                   MaxPool2d,
                                   Module,
                                   Parameter,
+                                  PReLU,
                                   ReLU,
                                   ReLU6,
                                   Sequential,

@@ -111,6 +111,11 @@ def _op_table():
     node("pad", [a], pads=[0, 1, 2, 0, 1, 1], value=0.5)
     s = node("slice", [a], begin=[0, 1, 0], end=[3, 4, 5], strides=[2, 1, 2])
     node("slice_grad", [s], shape=[3, 4, 5], begin=[0, 1, 0], end=[3, 4, 5], strides=[2, 1, 2])
+    for op in ("abs", "square", "sin", "cos", "floor", "ceil", "round", "elu", "hard_swish"):   # element-wise family
+        node(op, [a])
+    node("rsqrt", [p]), node("leaky_relu", [a], alpha=0.3), node("add_n", [a, p, a])
+    for op in ("squared_difference", "prelu", "floor_div", "floor_mod"):
+        node(op, [a, b])
     m1, m2 = inp((2, 3, 4)), inp((4, 6))
     node("matmul", [m1, m2])
     w = inp((6, 4))

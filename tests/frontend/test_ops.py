@@ -298,6 +298,34 @@ case("dropout", "dropout", lambda x, k: F.dropout(x, k, 0.3, salt=7),
      lambda x, k: x * torch.from_numpy(dropout_mask(x.shape, int(k), 7, 0.3, np.float64)).to(x.dtype),
      [normal(4, 5), key(99)])
 
+# ---- the element-wise / activation family (frontend/ops/activations.py) -------------------------------
+def _off_grid(*shape):
+    """Values a tenth or more from integers and half-integers (floor, ceil, round are flat there)."""
+    return lambda rng: rng.integers(-4, 4, shape) + rng.uniform(0.1, 0.4, shape) * rng.choice([1, -1], shape)
+
+
+case("abs", "abs", F.abs, torch.abs, [away(3, 4)])
+case("square", "square", lambda x: F.emit("square", [x]), torch.square, [normal(3, 4)])
+case("rsqrt", "rsqrt", F.rsqrt, torch.rsqrt, [positive(3, 4)])
+case("sin", "sin", F.sin, torch.sin, [normal(3, 4)])
+case("cos", "cos", F.cos, torch.cos, [normal(3, 4)])
+case("floor", "floor", F.floor, torch.floor, [_off_grid(3, 4)])
+case("ceil", "ceil", F.ceil, torch.ceil, [_off_grid(3, 4)])
+case("round", "round", F.round, torch.round, [_off_grid(3, 4)])
+case("round-half-even", "round", F.round, torch.round, [lambda rng: np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5])],
+     grad=False)
+case("elu", "elu", F.elu, TF.elu, [away(3, 4)])
+case("hard_swish", "hard_swish", F.hard_swish, TF.hardswish, [away(4, 5, kinks=(-3.0, 3.0), lo=-5, hi=5)])
+case("leaky_relu", "leaky_relu", lambda x: F.leaky_relu(x, 0.3), lambda x: TF.leaky_relu(x, 0.3), [away(3, 4)])
+case("prelu", "prelu", F.prelu, lambda x, a: torch.where(x >= 0, x, a * x), [away(2, 3, 4), normal(4)])
+case("squared_difference", "squared_difference", F.squared_difference, lambda a, b: (a - b) ** 2,
+     [normal(2, 3, 4), normal(3, 1)])
+case("floor_div", "floor_div", F.floor_div, lambda a, b: torch.floor(a / b), [normal(3, 4), away(4, gap=0.3)],
+     grad=False)
+case("floor_mod", "floor_mod", F.floor_mod, torch.remainder, [normal(3, 4), away(4, gap=0.3)])
+case("add_n", "add_n", lambda a, b, c: F.add_n([a, b, c]), lambda a, b, c: a + b + c,
+     [normal(3, 4), normal(3, 4), normal(3, 4)])
+
 IDS = [c.id for c in CASES]
 assert len(IDS) == len(set(IDS)), "duplicate case ids"
 GRAD_CASES = [c for c in CASES if c.grad]
