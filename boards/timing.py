@@ -50,8 +50,17 @@ class CoreTiming:
     mve_overlap: float = 0.0
     ranges: dict = field(default_factory=dict)   # class -> (low, high) the manual gives
 
-    def cost(self, cls: str) -> float:
+    def cost(self, cls: str, bound: str = "mid") -> float:
+        """Cycles of one instruction of ``cls``: the model's value, or with ``bound`` "low" /
+        "high" the end of the range the manual gives (where it gives one)."""
+        if bound != "mid" and cls in self.ranges:
+            return self.ranges[cls][0 if bound == "low" else 1]
         return self.cycles.get(cls, 1.0)
+
+    def refill_cycles(self, bound: str = "mid") -> float:
+        if bound != "mid" and "refill" in self.ranges:
+            return self.ranges["refill"][0 if bound == "low" else 1]
+        return self.refill
 
 
 # Cortex-M4 TRM r0p1, 3.3.1 Table 3-1 and 3.3.2 "Load/store timings": loads 2 cycles, 1 when
@@ -63,7 +72,7 @@ _M4 = {"alu": 1, "it": 1, "mul": 1, "mac": 1, "mul_long": 1, "mac_long": 1, "div
        "store_dual": 3, "store_multiple": 1, "branch": 1, "branch_cond_taken": 1, "branch_cond_not_taken": 1,
        "load_multiple_pc": 1, "table_branch": 2, "loop": 1, "fp": 1, "fp_mac": 3, "fp_div": 14, "fp_load": 2,
        "fp_store": 2, "fp_multiple": 1, "mve": 1, "mve_load": 1, "mve_store": 1, "system": 1, "other": 1}
-_M4_RANGES = {"div": (2, 12), "refill": (1, 3), "it": (0, 1)}
+_M4_RANGES = {"div": (2, 12), "refill": (1, 3), "it": (0, 1), "store": (1, 2)}   # STR: 2 with a register offset
 
 TIMINGS: dict[str, CoreTiming] = {t.core: t for t in [
     CoreTiming("cortex-m0plus", {**_M4, "load_pipelined": 2, "store": 2, "store_pipelined": 2, "load_dual": 3,
@@ -86,7 +95,7 @@ TIMINGS: dict[str, CoreTiming] = {t.core: t for t in [
                     "is taken to time like the Cortex-M4's (SDIV 2-11); dual issue of 16-bit pairs is not "
                     "modelled (the estimate is on the high side)",
                source="Cortex-M4 TRM table applied to the Cortex-M33 (TRM r0p4: 3-stage pipeline)",
-               ranges=_M4_RANGES),
+               ranges={**_M4_RANGES, "div": (2, 11)}),
     CoreTiming("cortex-m7", {**{c: 1 for c in _M4}, "load_dual": 2, "store_dual": 2, "load_multiple": 1,
                              "store_multiple": 1, "load_multiple_pc": 2, "table_branch": 3, "branch": 2,
                              "branch_cond_taken": 2, "div": 7, "fp_mac": 2, "fp_div": 14},
@@ -97,7 +106,7 @@ TIMINGS: dict[str, CoreTiming] = {t.core: t for t in [
                     "predicted (2 cycles, no misprediction modelled), at least one cycle per multiply (one "
                     "MAC pipe); TCM / zero-wait memory",
                source="Cortex-M7 TRM r1p2 (6-stage dual-issue pipeline, branch prediction); no per-instruction "
-                      "table is published"),
+                      "table is published", ranges={"div": (2, 12)}),
     CoreTiming("cortex-m55", {**_M4, "div": 6.5, "mve": 2, "mve_load": 2, "mve_store": 2, "loop": 1},
                per_register=1, refill=2, mve_overlap=1,
                note="approximation: scalar code timed as on the Cortex-M4 / M33; a Helium instruction takes "
@@ -105,13 +114,15 @@ TIMINGS: dict[str, CoreTiming] = {t.core: t for t in [
                     "to a vector data instruction overlaps it by one cycle; LE counted 1 cycle (0 when the "
                     "loop is cached)",
                source="Cortex-M55 TRM r1p0 (dual-beat MVE, 4-stage scalar pipeline); Armv8.1-M beat-wise "
-                      "execution"),
+                      "execution", ranges={**_M4_RANGES, "div": (2, 11)}),
 ]}
 
 
 @dataclass(frozen=True)
 class Estimate:
     cycles: int
+    low: int                # with the low / high ends of the manual's ranges
+    high: int
     ms: float | None
     clock_hz: int
     core: str
@@ -119,7 +130,8 @@ class Estimate:
     by_class: dict          # class -> estimated cycles (non-zero classes only)
 
     def to_dict(self) -> dict:
-        return {"estimated_cycles": self.cycles, "estimated_ms": self.ms, "clock_hz": self.clock_hz,
+        return {"estimated_cycles": self.cycles, "estimated_cycles_low": self.low,
+                "estimated_cycles_high": self.high, "estimated_ms": self.ms, "clock_hz": self.clock_hz,
                 "core": self.core, "instructions": self.instructions,
                 "cycles_per_instruction": round(self.cycles / self.instructions, 4) if self.instructions else None,
                 "estimated_cycles_by_class": self.by_class}
@@ -133,9 +145,10 @@ def check_mix(mix: dict) -> None:
                          f"boards/timing.py disagree (rebuild the plugin: scripts/setup.sh)")
 
 
-def estimate_cycles(mix: dict, core: str, wait_states: int = 0) -> tuple[float, dict]:
+def estimate_cycles(mix: dict, core: str, wait_states: int = 0, bound: str = "mid") -> tuple[float, dict]:
     """(cycles, cycles per class) of ``mix`` on ``core``; taken branches pay the refill plus
-    ``wait_states`` (straight-line fetch is taken to be hidden by the prefetch buffer)."""
+    ``wait_states`` (straight-line fetch is taken to be hidden by the prefetch buffer). ``bound``
+    "low" / "high" takes the ends of the manual's ranges (P 1-3, SDIV 2-12, IT 0-1...)."""
     check_mix(mix)
     t = TIMINGS.get(core)
     if t is None:
@@ -144,7 +157,7 @@ def estimate_cycles(mix: dict, core: str, wait_states: int = 0) -> tuple[float, 
     for c in CLASSES:
         n = mix.get(c, 0)
         if n:
-            by[c] = n * (t.cost(c) + (t.refill + wait_states if c in REFILL else 0))
+            by[c] = n * (t.cost(c, bound) + (t.refill_cycles(bound) + wait_states if c in REFILL else 0))
     for ev, classes in EVENTS.items():
         if mix.get(ev):
             by[classes[0]] = by.get(classes[0], 0) + mix[ev] * t.per_register
@@ -162,7 +175,10 @@ def estimate_cycles(mix: dict, core: str, wait_states: int = 0) -> tuple[float, 
 def estimate(mix: dict, board) -> Estimate:
     """The estimate for ``board`` (a kiln.boards Board: its core, flash wait states and the clock
     Kiln's firmware runs the core at)."""
-    cycles, by = estimate_cycles(mix, board.core, getattr(board, "flash_wait_states", 0))
+    ws = getattr(board, "flash_wait_states", 0)
+    cycles, by = estimate_cycles(mix, board.core, ws)
+    low, high = (int(round(estimate_cycles(mix, board.core, ws, b)[0])) for b in ("low", "high"))
     hz = board.run_clock_hz
     ins = sum(mix.get(c, 0) for c in CLASSES)
-    return Estimate(int(round(cycles)), round(cycles / hz * 1e3, 3) if hz else None, hz, board.core, ins, by)
+    return Estimate(int(round(cycles)), low, high, round(cycles / hz * 1e3, 3) if hz else None, hz, board.core,
+                    ins, by)

@@ -89,6 +89,7 @@ def _estimate_fields(res):
     labelled as estimates; None where there is no mix (no QEMU plugin)."""
     e = res.estimate or {}
     return {"estimated_cycles": e.get("estimated_cycles"), "estimated_ms": e.get("estimated_ms"),
+            "estimated_cycles_low": e.get("estimated_cycles_low"), "estimated_cycles_high": e.get("estimated_cycles_high"),
             "estimate_clock_hz": e.get("clock_hz"), "estimate_instructions": e.get("instructions"),
             "per_layer_estimated_cycles": [p.get("estimated_cycles") for p in res.profile] if e else None}
 

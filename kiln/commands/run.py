@@ -293,8 +293,10 @@ def _table(rep):
     e = rep.get("estimate")
     if e:
         lines.append(f"estimated: {e['estimated_cycles']:,} cycles, {e['estimated_ms']} ms at the "
-                     f"{e['clock_hz'] / 1e6:g} MHz core clock ({e['instructions']:,} instructions of the profiled "
-                     f"inference, {e['cycles_per_instruction']} cycles/instruction; {e['model']})")
+                     f"{e['clock_hz'] / 1e6:g} MHz core clock (range {e['estimated_cycles_low']:,}-"
+                     f"{e['estimated_cycles_high']:,} over the manual's timing ranges; {e['instructions']:,} "
+                     f"instructions of the profiled inference, {e['cycles_per_instruction']} cycles/instruction; "
+                     f"{e['model']})")
     lines.append(f"memory: arena {_n(m['arena_bytes'])} B, stack high-water {_n(m['stack_used_bytes'])} B, "
                  f".text {_n(m['text'])} B, .rodata {_n(m['rodata'])} B, .data {_n(m['data'])} B, .bss {_n(m['bss'])} B")
     lines.append(f"flash: whole image {_n(m['flash_bytes'])} B (.text + .rodata + .data: model, protocol, drivers, "

@@ -73,3 +73,13 @@ def test_unknown_class_or_core_is_a_named_error():
 def test_every_class_costs_at_least_nothing_negative():
     for t in TIMINGS.values():
         assert all(t.cost(c) >= 0 for c in CLASSES) and t.refill >= 0 and t.per_register > 0
+
+
+def test_low_and_high_take_the_ends_of_the_manuals_ranges():
+    mix = {"alu": 10, "branch": 4, "div": 2, "store": 3}
+    low, _ = estimate_cycles(mix, "cortex-m4", bound="low")
+    mid, _ = estimate_cycles(mix, "cortex-m4")
+    high, _ = estimate_cycles(mix, "cortex-m4", bound="high")
+    assert (low, mid, high) == (10 + 4 * 2 + 2 * 2 + 3, 10 + 4 * 3 + 2 * 7 + 3, 10 + 4 * 4 + 2 * 12 + 3 * 2)
+    e = estimate(mix, boards.load("mps2-an386"))
+    assert (e.low, e.cycles, e.high) == (low, mid, high)
