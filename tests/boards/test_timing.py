@@ -1,7 +1,10 @@
 """The per-core timing model (kiln.boards.timing) on synthetic instruction mixes."""
+import tomllib
+
 import pytest
 
 from kiln import boards
+from kiln.boards import load_file
 from kiln.boards.schema import BoardError
 from kiln.boards.timing import CLASSES, TIMINGS, estimate, estimate_cycles
 from kiln.common.cores import CORES
@@ -83,3 +86,19 @@ def test_low_and_high_take_the_ends_of_the_manuals_ranges():
     assert (low, mid, high) == (10 + 4 * 2 + 2 * 2 + 3, 10 + 4 * 3 + 2 * 7 + 3, 10 + 4 * 4 + 2 * 12 + 3 * 2)
     e = estimate(mix, boards.load("mps2-an386"))
     assert (e.low, e.cycles, e.high) == (low, mid, high)
+
+
+@pytest.mark.parametrize("value, message", [(-1, "expected a non-negative integer"), (16, "expected 0..15, found 16"),
+                                            ("2", "expected integer")])
+def test_flash_wait_states_in_the_board_file(tmp_path, value, message):
+    with open(boards.BOARD_DIR / "mps2-an386.toml", "rb") as f:
+        text = f.read().decode()
+    assert tomllib.loads(text)["flash_wait_states"] == 0
+    bad = tmp_path / "mps2-an386.toml"
+    bad.write_text(text.replace("flash_wait_states = 0", f"flash_wait_states = {value!r}".replace("'", '"')))
+    with pytest.raises(BoardError, match=f"field 'flash_wait_states': {message}"):
+        load_file(bad)
+    good = tmp_path / "ok" / "mps2-an386.toml"
+    good.parent.mkdir()
+    good.write_text(text.replace("flash_wait_states = 0", "flash_wait_states = 3"))
+    assert load_file(good).flash_wait_states == 3
