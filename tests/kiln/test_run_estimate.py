@@ -47,3 +47,32 @@ def test_bench_tables_carry_the_estimate():
     assert cells[cols.index("estimated cycles")] == "1,234" and "an estimate, not a measurement" in md
     text = bench.text_table([row])
     assert "est. cycles" in text and "1,234" in text and "0.049" in text
+
+
+def _log(tmp_path, end_alu):
+    names = ",".join(CLASSES) + ",regs_load_multiple,regs_store_multiple,words_fp_multiple"
+    zeros = [0] * (len(CLASSES) + 3)
+
+    def vec(alu, load):
+        v = list(zeros)
+        v[CLASSES.index("alu")], v[CLASSES.index("load")] = alu, load
+        return ",".join(map(str, v))
+    p = tmp_path / "icount.log"
+    p.write_text(f"kiln-mix: names={names}\n"
+                 f"kiln-mix: window=0 mark=0 {vec(2, 0)}\nkiln-mix: window=0 mark=1 {vec(10, 4)}\n"
+                 f"kiln-mix: window=0 mark=2 {vec(11, 4)}\nkiln-mix: window=0 end {vec(end_alu, 4)}\n"
+                 f"kiln-icount: window=0 insns=17 marks=2,14,15\n")
+    return p
+
+
+def test_read_mix_per_command_and_its_consistency_check(tmp_path):
+    from kiln import hil
+    from kiln.firmware import FirmwareError
+    total, per = hil.read_mix(_log(tmp_path, 13))
+    assert total["alu"] == 13 and total["load"] == 4
+    assert [(m["alu"], m["load"]) for m in per] == [(8, 4), (1, 0)]
+    with pytest.raises(FirmwareError, match="classes sum to 18, the window counted 17"):
+        hil.read_mix(_log(tmp_path, 14))
+    old = tmp_path / "old.log"          # a plugin without the mix: no estimate, no error
+    old.write_text("kiln-icount: window=0 insns=17 marks=2,14,15\n")
+    assert hil.read_mix(old) is None and hil.read_mix(tmp_path / "missing.log") is None
