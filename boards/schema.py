@@ -96,6 +96,7 @@ class Board:
     emulates: str | None = None      # set on a derived board: the real board it stands in for
     boot2: str | None = None         # second-stage bootloader placed at the start of flash
     core_clock_hz: int = 0           # the clock Kiln's firmware runs the core at (0: clock_hz)
+    flash_wait_states: int = 0       # code memory wait states at that clock (boards/timing.py)
 
     @property
     def run_clock_hz(self) -> int:
@@ -127,6 +128,7 @@ _SCHEMA: dict[str, Any] = {
     "dsp": (bool, True),
     "clock_hz": (_INT, True),
     "core_clock_hz": (_INT, False),
+    "flash_wait_states": (_INT, False),
     "irq_count": (_INT, True),
     "boot2": (str, False, BOOT2_KINDS),
     "memory": {
@@ -223,6 +225,8 @@ def _check_semantics(where: str, d: dict) -> None:
                          f"irq_count={d['irq_count']}")
     if d["clock_hz"] == 0 or d["uart"]["baud"] == 0 or d["uart"]["clock_hz"] == 0:
         raise BoardError(f"{where}: field 'clock_hz'/'uart.baud'/'uart.clock_hz' must be non-zero")
+    if not 0 <= d.get("flash_wait_states", 0) <= 15:
+        raise BoardError(f"{where}: field 'flash_wait_states': expected 0..15, found {d['flash_wait_states']}")
     if d.get("core_clock_hz") is not None and not 0 < d["core_clock_hz"] <= d["clock_hz"]:
         raise BoardError(f"{where}: field 'core_clock_hz': expected 1..clock_hz ({d['clock_hz']}), "
                          f"found {d['core_clock_hz']}")
@@ -268,6 +272,7 @@ def validate(data: dict, where: str) -> Board:
         dsp=data["dsp"],
         clock_hz=data["clock_hz"],
         core_clock_hz=data.get("core_clock_hz", 0),
+        flash_wait_states=data.get("flash_wait_states", 0),
         irq_count=data["irq_count"],
         flash_region=Region(**data["memory"]["flash"]),
         ram_region=Region(**data["memory"]["ram"]),

@@ -1,8 +1,10 @@
-"""Locate (and build on demand) the QEMU instruction-count plugin, firmware/qemu_plugin/icount.c.
+"""Locate (and build on demand) the QEMU instruction-count plugin, firmware/qemu_plugin/icount.c
+(which includes the Thumb instruction classifier thumb_classes.c: the instruction mix).
 
 scripts/setup.sh builds it into ``<venv>/share/kiln/libicount.so``; when that file is missing or
-older than the source, :func:`plugin_path` rebuilds it there (or under ~/.cache/kiln if the
-venv is read-only) with the host gcc.
+older than any of its sources, :func:`plugin_path` rebuilds it there (or under ~/.cache/kiln if
+the venv is read-only) with the host gcc. :func:`build_classifier` builds the classifier alone
+as a shared library (what the tests load with ctypes to check it on assembled encodings).
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from pathlib import Path
 from .errors import FirmwareError
 
 SOURCE = Path(__file__).resolve().parent / "qemu_plugin" / "icount.c"
+CLASSIFIER = SOURCE.parent / "thumb_classes.c"
+SOURCES = (SOURCE, CLASSIFIER, SOURCE.parent / "thumb_classes.h")
 
 
 def _candidates() -> list[Path]:
@@ -26,7 +30,7 @@ def _candidates() -> list[Path]:
 
 
 def _fresh(p: Path) -> bool:
-    return p.exists() and p.stat().st_mtime >= SOURCE.stat().st_mtime
+    return p.exists() and p.stat().st_mtime >= max(s.stat().st_mtime for s in SOURCES)
 
 
 def plugin_path(build: bool = True) -> Path:
@@ -49,15 +53,25 @@ def plugin_path(build: bool = True) -> Path:
 
 def build_plugin(target: str | os.PathLike) -> Path:
     """Compile icount.c into ``target`` (atomically) with the host gcc, as setup.sh does."""
+    return _compile(SOURCE, target, "the QEMU plugin")
+
+
+def build_classifier(target: str | os.PathLike) -> Path:
+    """Compile thumb_classes.c alone into the shared library ``target``: ``kiln_classify`` and
+    the class names, without QEMU's plugin API (for tests and tools)."""
+    return _compile(CLASSIFIER, target, "the Thumb instruction classifier")
+
+
+def _compile(source: Path, target: str | os.PathLike, what: str) -> Path:
     cc = shutil.which("gcc") or shutil.which("cc")
     if not cc:
-        raise FirmwareError("no host C compiler (gcc) to build the QEMU plugin")
+        raise FirmwareError(f"no host C compiler (gcc) to build {what}")
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(SOURCE)]
+    cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(source)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
-        raise FirmwareError(f"building the QEMU plugin failed:\n  {' '.join(cmd)}\n{p.stderr}")
+        raise FirmwareError(f"building {what} failed:\n  {' '.join(cmd)}\n{p.stderr}")
     os.replace(tmp, target)
     return target

@@ -18,6 +18,7 @@ from kiln.backends.manifest import FILE, Manifest
 from kiln.boards.device import IOSpec
 from kiln.boards.fake import FakeBoard
 from kiln.boards.target import open_device
+from kiln.boards.timing import CLASSES, estimate
 from kiln.firmware.sizes import image_flash_split
 from kiln.frontend import load, load_model, run, save
 from kiln.frontend.errors import KilnError
@@ -111,6 +112,8 @@ class BoardRun:
     seconds: float
     board: str
     stats: dict
+    mix: dict | None = None       # executed instruction classes of the profiled inference (QEMU)
+    estimate: dict | None = None  # estimated cycles / ms from ``mix`` (kiln.boards.timing)
 
     def to_dict(self):
         d = dataclasses.asdict(self)
@@ -209,8 +212,77 @@ def run_on_board(image, pkg_dir, inputs, *, port=None, lab_map=None, progress=No
     if split is not None:
         sizes.update(model_flash_bytes=split.model_flash_bytes, harness_flash_bytes=split.harness_bytes,
                      flash_breakdown=split.breakdown)
-    return BoardRun(outs, insns, src, ticks, hz, profile, stack.used, stack.size, sizes,
-                    time.time() - t0, image.board.name, stats)
+    run = BoardRun(outs, insns, src, ticks, hz, profile, stack.used, stack.size, sizes,
+                   time.time() - t0, image.board.name, stats)
+    if src == "qemu-plugin" and samples:
+        attach_estimates(run, image)
+    return run
+
+
+# ---- instruction mix (QEMU plugin) -> estimated cycles -------------------------------------------
+def read_mix(log_path):
+    """The instruction mix of the last complete window of the plugin's log: (total, per command),
+    each a {class: count} dict, the commands' from the differences of consecutive marks (as the
+    per-command instruction counts are); None when the log has no complete window. Raises a
+    FirmwareError when a window's class counts do not sum to its instruction count."""
+    try:
+        with open(log_path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    names, windows, insns = None, {}, {}
+    for line in lines:
+        if line.startswith("kiln-mix: names="):
+            names = line.split("=", 1)[1].split(",")
+        elif line.startswith("kiln-mix: window="):
+            head, what, values = line.split(" ", 1)[1].split(" ")
+            w = windows.setdefault(int(head.split("=")[1]), {"marks": []})
+            vec = [int(v) for v in values.split(",")]
+            if what == "end":
+                w["end"] = vec
+            else:
+                w["marks"].append(vec)
+        elif line.startswith("kiln-icount: window="):
+            fields = dict(kv.split("=", 1) for kv in line.split(":", 1)[1].split())
+            insns[int(fields["window"])] = int(fields["insns"])
+    done = [k for k, w in windows.items() if "end" in w]
+    if names is None or not done:
+        return None
+    k = max(done)
+    w = windows[k]
+    total = dict(zip(names, w["end"]))
+    n = sum(total.get(c, 0) for c in CLASSES)
+    if k in insns and n != insns[k]:
+        raise firmware.FirmwareError(f"{log_path}: window {k}: instruction classes sum to {n:,}, the window "
+                                     f"counted {insns[k]:,} instructions: a QEMU plugin bug")
+    per = [{c: b - a for c, a, b in zip(names, m0, m1)} for m0, m1 in zip(w["marks"], w["marks"][1:])]
+    return total, per
+
+
+def _nonzero(mix):
+    return {c: v for c, v in mix.items() if v}
+
+
+def attach_estimates(run, image):
+    """Fill ``run.mix`` / ``run.estimate`` and each profile row's ``mix`` / ``estimated_cycles`` /
+    ``estimated_ms`` from the QEMU plugin's log (kiln.boards.timing's model for the image's
+    board); left None when the log is not there or its commands do not match the profile."""
+    kw = _qemu_kw(image)
+    got = read_mix(os.path.join(kw["workdir"], "icount.log")) if kw else None
+    if got is None:
+        return
+    total, per = got
+    board = image.board
+    run.mix = _nonzero(total)
+    run.estimate = estimate(total, board).to_dict()
+    rows = run.profile
+    if len(per) != len(rows) or any(r["instructions"] is not None and
+                                    r["instructions"] != sum(m.get(c, 0) for c in CLASSES)
+                                    for r, m in zip(rows, per)):
+        return
+    for r, m in zip(rows, per):
+        e = estimate(m, board)
+        r.update(mix=_nonzero(m), estimated_cycles=e.cycles, estimated_ms=e.ms)
 
 
 def reference_outputs(graph, inputs):

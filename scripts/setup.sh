@@ -54,7 +54,7 @@ fi
 
 # QEMU TCG plugin that counts executed instructions between two marker functions
 plugin=.venv/share/kiln/libicount.so
-if [ ! -f "$plugin" ] || [ firmware/qemu_plugin/icount.c -nt "$plugin" ]; then
+if [ ! -f "$plugin" ] || [ -n "$(find firmware/qemu_plugin -newer "$plugin" 2>/dev/null)" ]; then
   if [ -f firmware/qemu_plugin/icount.c ]; then
     say "building QEMU instruction-count plugin"
     mkdir -p .venv/share/kiln

@@ -1,5 +1,6 @@
 """kiln bench: run the shared MLPerf Tiny models (or the models given) across the emulated boards
-and report instructions per inference (exact, QEMU plugin), MACs per instruction, arena, stack
+and report instructions per inference (exact, QEMU plugin), MACs per instruction, estimated cycles and
+milliseconds (from the executed instruction mix, kiln.boards.timing), arena, stack
 high-water and flash (whole image, and the model's share counted like TFLM's library + model), next
 to TensorFlow Lite Micro's measured numbers on the Cortex-M4. Prints a table (or --json); replaces
 its section of docs/benchmarks.md (or another Markdown file) only with --write."""
@@ -79,7 +80,18 @@ def bench_one(model, board, tmp, optimize="size"):
             "flash_bytes": res.sizes.get("flash_used"), "model_flash_bytes": res.sizes.get("model_flash_bytes"),
             "harness_flash_bytes": res.sizes.get("harness_flash_bytes"),
             "flash_breakdown": res.sizes.get("flash_breakdown"), "text": res.sizes.get("text"),
-            "rodata": res.sizes.get("rodata"), "seconds": round(time.time() - t0, 1)}
+            "rodata": res.sizes.get("rodata"), "seconds": round(time.time() - t0, 1),
+            **_estimate_fields(res)}
+
+
+def _estimate_fields(res):
+    """Estimated cycles / ms of the run (kiln.boards.timing, from the executed instruction mix),
+    labelled as estimates; None where there is no mix (no QEMU plugin)."""
+    e = res.estimate or {}
+    return {"estimated_cycles": e.get("estimated_cycles"), "estimated_ms": e.get("estimated_ms"),
+            "estimated_cycles_low": e.get("estimated_cycles_low"), "estimated_cycles_high": e.get("estimated_cycles_high"),
+            "estimate_clock_hz": e.get("clock_hz"), "estimate_instructions": e.get("instructions"),
+            "per_layer_estimated_cycles": [p.get("estimated_cycles") for p in res.profile] if e else None}
 
 
 def _b(v):
@@ -111,11 +123,13 @@ def markdown(rows, command):
          "about 5 instructions per 10 M, counted in whichever layer it lands); stack is the painted high-water mark of the whole "
          "firmware during an inference. Every row's output was checked bit-exact against the int8 "
          f"reference. Compiled with `--optimize {main_opt}` ({OPT_TEXT[main_opt]}).", "", FLASH_TEXT, "",
-         "| model | board (core) | instructions / inference | MACs / instruction | arena B | stack B | image flash B | model flash B | bit-exact |",
-         "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+         "Estimated cycles: from the executed instruction mix with the core's timing model (docs/firmware.md, "
+         "Measurement): an estimate, not a measurement.", "",
+         "| model | board (core) | instructions / inference | MACs / instruction | estimated cycles | arena B | stack B | image flash B | model flash B | bit-exact |",
+         "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         L.append(f"| {r['model']} | {r['board']} ({r['core']}) | {r['instructions']:,} | {r['macs_per_instruction']} | "
-                 f"{r['arena_bytes']:,} | {r['stack_bytes']:,} | {_b(r['flash_bytes'])} | {_b(r.get('model_flash_bytes'))} | "
+                 f"{_b(r.get('estimated_cycles'))} | {r['arena_bytes']:,} | {r['stack_bytes']:,} | {_b(r['flash_bytes'])} | {_b(r.get('model_flash_bytes'))} | "
                  f"{'yes' if r['bit_exact'] else 'NO'} |")
     m4 = [r for r in all_rows if r["board"] == "mps2-an386" and r["model"] in TFLM]
     if m4:
@@ -139,7 +153,8 @@ def markdown(rows, command):
 def text_table(rows):
     """The rows as a plain-text table (what `kiln bench` prints without --json)."""
     cols = [("model", "model"), ("board", "board"), ("optimize", "optimize"), ("instructions", "instructions"),
-            ("MACs/insn", "macs_per_instruction"), ("arena B", "arena_bytes"), ("stack B", "stack_bytes"),
+            ("MACs/insn", "macs_per_instruction"), ("est. cycles", "estimated_cycles"), ("est. ms", "estimated_ms"),
+            ("arena B", "arena_bytes"), ("stack B", "stack_bytes"),
             ("image flash B", "flash_bytes"), ("model flash B", "model_flash_bytes"), ("bit-exact", "bit_exact")]
     cells = [[h for h, _ in cols]]
     for r in rows:

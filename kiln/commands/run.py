@@ -1,8 +1,9 @@
 """kiln run MODEL --board B: run a model on a board (QEMU, or a real board with --port or a lab
 map) and check every output against Kiln's reference executor (bit for bit for integer outputs,
 within a tolerance for float ones) and, for a .tflite model, against LiteRT's reference kernels.
-Reports latency (exact instructions per layer and in total under QEMU, cycles and milliseconds at
-the running core clock on real hardware) and memory. With --data, every sample of a data file
+Reports latency (exact instructions per layer and in total under QEMU, with cycles and
+milliseconds estimated from the executed instruction mix, labelled "estimated"; measured cycles
+and milliseconds at the running core clock on real hardware) and memory. With --data, every sample of a data file
 runs on the board and the accuracy (labels) or error (expected outputs) is reported for the float
 model, the int8 reference, the C package on the host and the board.
 
@@ -212,7 +213,8 @@ def _run_on(board, args, out, lab_map):
            "mismatched_inputs": sorted({k for c in checks for k in c["mismatched_samples"]}),
            "instructions_per_inference": ins, "instruction_source": res.instruction_source,
            "macs": man.macs, "macs_per_instruction": round(man.macs / ins, 4) if ins else None,
-           "timing": _timing(res, board, real), "per_layer": roofline(res.profile, board.core_info),
+           "timing": _timing(res, board, real), "estimate": _estimate(res, board),
+           "per_layer": roofline(res.profile, board.core_info),
            "memory": _memory(res), "link_stats": res.stats}
     if samples.targets is not None:
         rep["data_metrics"] = _data_report(graph, pkg_dir, samples, board_outs, ref_outs, args)
@@ -247,6 +249,16 @@ def _timing(res, board, real):
             "core_clock_hz": board.run_clock_hz, "max_clock_hz": board.clock_hz}
 
 
+def _estimate(res, board):
+    """Estimated cycles and milliseconds of the profiled inference under QEMU, from its
+    executed instruction mix and the core's timing model (kiln.boards.timing; docs/firmware.md,
+    "Measurement"): an estimate, labelled so, never a measurement; None without a mix."""
+    if not res.estimate:
+        return None
+    return {"label": "estimated", "model": f"{board.core} timing model (docs/firmware.md)",
+            "flash_wait_states": board.flash_wait_states, "mix": res.mix, **res.estimate}
+
+
 def _memory(res):
     s = res.sizes
     return {"arena_bytes": s.get("arena"), "stack_used_bytes": res.stack_used, "text": s.get("text"),
@@ -278,6 +290,13 @@ def _table(rep):
                      f"core clock{note}")
     elif rep["emulated"]:
         lines.append("time: emulated board (QEMU): no hardware timing; the instruction count is the measurement")
+    e = rep.get("estimate")
+    if e:
+        lines.append(f"estimated: {e['estimated_cycles']:,} cycles, {e['estimated_ms']} ms at the "
+                     f"{e['clock_hz'] / 1e6:g} MHz core clock (range {e['estimated_cycles_low']:,}-"
+                     f"{e['estimated_cycles_high']:,} over the manual's timing ranges; {e['instructions']:,} "
+                     f"instructions of the profiled inference, {e['cycles_per_instruction']} cycles/instruction; "
+                     f"{e['model']})")
     lines.append(f"memory: arena {_n(m['arena_bytes'])} B, stack high-water {_n(m['stack_used_bytes'])} B, "
                  f".text {_n(m['text'])} B, .rodata {_n(m['rodata'])} B, .data {_n(m['data'])} B, .bss {_n(m['bss'])} B")
     lines.append(f"flash: whole image {_n(m['flash_bytes'])} B (.text + .rodata + .data: model, protocol, drivers, "
@@ -293,15 +312,21 @@ def _table(rep):
         for stage, mt in rep["data_metrics"].items():
             lines.append(f"  {stage:<38} " + "  ".join(
                 f"{100 * v:.2f}%" if k == "accuracy" else f"{v:.4g}" for k, v in (mt or {}).items()))
+    est = any(layer.get("estimated_cycles") is not None for layer in rep["per_layer"])
     lines.append(f"\n{'command':<28} {'MACs':>10} {'instructions':>13} {'MAC/instr':>9} {'ceiling':>7} "
-                 f"{'of ceiling':>10}")
+                 f"{'of ceiling':>10}" + (f" {'est. cycles':>12} {'est. ms':>9}" if est else ""))
     for layer in rep["per_layer"]:
         rate, lim, frac = layer["macs_per_instruction"], layer["limit_macs_per_instruction"], layer["of_limit"]
         lines.append(f"{layer['name']:<28} {layer['macs']:>10,} {_n(layer['instructions']):>13} "
-                     f"{_n(rate, '.3f'):>9} {_n(lim, 'd'):>7} {_n(None if frac is None else 100 * frac, '.1f'):>9}%")
+                     f"{_n(rate, '.3f'):>9} {_n(lim, 'd'):>7} {_n(None if frac is None else 100 * frac, '.1f'):>9}%"
+                     + (f" {_n(layer.get('estimated_cycles')):>12} {_n(layer.get('estimated_ms'), '.3f'):>9}"
+                        if est else ""))
     if any(layer["limit_macs_per_instruction"] for layer in rep["per_layer"]):
         lines.append("ceiling: the most MACs one instruction of the core does (1 MLA, 2 SMLAD with DSP, "
                      "16 Helium VMLADAVA)")
+    if est:
+        lines.append("est. cycles / ms: estimated from the executed instruction mix with the core's timing model "
+                     "(docs/firmware.md, Measurement); the instruction counts are exact")
     return "\n".join(lines)
 
 
