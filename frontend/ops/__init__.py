@@ -2,3 +2,4 @@
 ``axes`` attribute (the int8 rules and backends read it the same way)."""
 from . import activations, elementwise, elementwise_int8, elementwise_tflite, nn, quant, reduce_shape  # noqa: F401
 from ._util import norm_axes  # noqa: F401
+from . import recurrent, recurrent_tflite  # noqa: F401,E402
