@@ -349,3 +349,13 @@ def leaky_relu(x, alpha=0.2):
 def add_n(xs):
     """x0 + x1 + ... of same-shaped tensors (TFLite ADD_N)."""
     return emit("add_n", list(xs))
+
+# ---- recurrent (frontend/ops/recurrent.py) --------------------------------------------------
+def lstm(x, w_x, w_h, b, h0, c0, time_major=False, cell_clip=0.0):
+    """One-layer LSTM over a sequence (TFLite's UNIDIRECTIONAL_SEQUENCE_LSTM). ``w_x``, ``w_h``,
+    ``b``: the input weights [H, I], recurrent weights [H, H] and biases [H] of the gates, each a
+    list in the order input, forget, cell, output; ``h0``, ``c0`` [N, H]. Returns every step's
+    hidden state, [N, T, H] ([T, N, H] when ``time_major``)."""
+    if not (len(w_x) == len(w_h) == len(b) == 4):
+        raise TraceError("lstm: w_x, w_h and b are lists of the 4 gates' tensors (input, forget, cell, output)")
+    return emit("lstm", [x, *w_x, *w_h, *b, h0, c0], time_major=bool(time_major), cell_clip=float(cell_clip))
