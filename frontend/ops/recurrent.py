@@ -269,3 +269,64 @@ def lstm_int8(xs, attrs, in_types, out_type):
         out[:, t] = h
     out = np.swapaxes(out, 0, 1) if attrs["time_major"] else out
     return np.ascontiguousarray(out).astype(np.int8)
+
+
+# ---- TE lowering (float): the input projections at once, then 3 stages per time step ----------
+def _te_pick(T, ts, k, *idx):
+    v = ts[3](*idx)
+    for j in (2, 1, 0):
+        v = T.tirx.Select(k == j, ts[j](*idx), v)
+    return v
+
+
+def _te_sigmoid(T, v):
+    return T.c(1.0, T.dt(v)) / (T.c(1.0, T.dt(v)) + T.te.exp(-v))
+
+
+def _te_step(T, xp, b, h, c, wh, t, clip, dtype):
+    """One time step: the 4 gates' recurrent products in one stage, the new cell, the new hidden."""
+    N, H = T.shape(h)
+    rh = T.te.reduce_axis((0, H), "rh")
+    rec = T.te.compute((4, N, H), lambda k, n, j: T.te.sum(h[n, rh] * _te_pick(T, wh, k, j, rh), axis=rh),
+                       name=f"lstm_rec{t}")
+
+    def pre(k, n, j):
+        return xp[k, n, t, j] + b[k](j) + rec[k, n, j]
+
+    def cell(n, j):
+        v = _te_sigmoid(T, pre(1, n, j)) * c[n, j] + _te_sigmoid(T, pre(0, n, j)) * T.te.tanh(pre(2, n, j))
+        if clip > 0:
+            v = T.te.min(T.te.max(v, T.c(-clip, dtype)), T.c(clip, dtype))
+        return v
+    c2 = T.te.compute((N, H), cell, name=f"lstm_cell{t}")
+
+    def hidden(n, j):
+        return _te_sigmoid(T, pre(3, n, j)) * T.te.tanh(c2[n, j])
+    return T.te.compute((N, H), hidden, name=f"lstm_hidden{t}"), c2
+
+
+@defrule("lstm", "te")
+def _lstm_te(T, xs, a, out):
+    x, wx, wh, b = xs[0], xs[1:5], xs[5:9], xs[9:13]
+    tm = a["time_major"]
+    Tn, N, I = T.shape(x) if tm else (T.shape(x)[1], T.shape(x)[0], T.shape(x)[2])
+    H = T.shape(wx[0])[0]
+    ri = T.te.reduce_axis((0, I), "ri")
+
+    def xproj(k, n, t, j):
+        xv = x[t, n, ri] if tm else x[n, t, ri]
+        return T.te.sum(xv * _te_pick(T, wx, k, j, ri), axis=ri)
+    xp = T.te.compute((4, N, Tn, H), xproj, name="lstm_xproj")
+    h, c = xs[13], xs[14]
+    hs = []
+    for t in range(Tn):
+        h, c = _te_step(T, xp, b, h, c, wh, t, a["cell_clip"], str(x.dtype))
+        hs.append(h)
+
+    def gather(*i):
+        n, t, j = (i[1], i[0], i[2]) if tm else i
+        v = hs[-1][n, j]
+        for s in range(Tn - 2, -1, -1):
+            v = T.tirx.Select(t == s, hs[s][n, j], v)
+        return v
+    return T.te.compute(out.shape, gather, name="lstm")
