@@ -33,6 +33,9 @@ from .module import (
                      GlobalAvgPool,
                      Hardswish,
                      LeakyReLU,
+
+                     GRU,
+                     LSTM,
                      Linear,
                      MaxPool2d,
                      Module,

@@ -14,6 +14,9 @@ from kiln.frontend.module import (  # noqa: F401
                                   GlobalAvgPool,
                                   Hardswish,
                                   LeakyReLU,
+
+                                  GRU,
+                                  LSTM,
                                   Linear,
                                   MaxPool2d,
                                   Module,
