@@ -22,6 +22,9 @@ from .limits import LIMITS, limits, set_limits
 from .loader import load_model
 from .module import (
                      ELU,
+
+                     GRU,
+                     LSTM,
                      AvgPool2d,
                      BatchNorm1d,
                      BatchNorm2d,
@@ -36,6 +39,7 @@ from .module import (
 
                      GRU,
                      LSTM,
+
                      Linear,
                      MaxPool2d,
                      Module,

@@ -3,6 +3,9 @@ and eager execution."""
 from kiln.frontend.graph_module import GraphModule  # noqa: F401
 from kiln.frontend.module import (  # noqa: F401
                                   ELU,
+
+                                  GRU,
+                                  LSTM,
                                   AvgPool2d,
                                   BatchNorm1d,
                                   BatchNorm2d,
@@ -17,6 +20,7 @@ from kiln.frontend.module import (  # noqa: F401
 
                                   GRU,
                                   LSTM,
+
                                   Linear,
                                   MaxPool2d,
                                   Module,

@@ -1,5 +1,6 @@
 """Op definitions: importing this package fills the registry. ``norm_axes`` normalises an op's
 ``axes`` attribute (the int8 rules and backends read it the same way)."""
 from . import activations, elementwise, elementwise_int8, elementwise_tflite, nn, quant, reduce_shape  # noqa: F401
+
+from . import elementwise, nn, quant, recurrent, recurrent_tflite, reduce_shape  # noqa: F401  # noqa: F401,E402
 from ._util import norm_axes  # noqa: F401
-from . import recurrent, recurrent_tflite  # noqa: F401,E402
