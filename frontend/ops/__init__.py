@@ -3,4 +3,6 @@
 from . import activations, elementwise, elementwise_int8, elementwise_tflite, nn, quant, reduce_shape  # noqa: F401
 
 from . import elementwise, nn, quant, recurrent, recurrent_tflite, reduce_shape  # noqa: F401  # noqa: F401,E402
+
+from . import elementwise, nn, quant, recurrent, recurrent_tflite, reduce_shape  # noqa: F401
 from ._util import norm_axes  # noqa: F401
