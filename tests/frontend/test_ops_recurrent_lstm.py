@@ -219,3 +219,15 @@ def test_lstm_grads_match_torch():
     (y * y).sum().backward()
     for k, (a, tt) in enumerate(zip(got, ts)):
         np.testing.assert_allclose(a, tt.grad.numpy(), rtol=2e-4, atol=1e-5, err_msg=f"input {k}")
+
+
+def test_litert_oracle_resets_lstm_state_between_samples():
+    """kiln golden / kiln run compare each sample from the zero state, as Kiln compiles the model;
+    LiteRT keeps variable tensors across invocations unless they are reset."""
+    from kiln.litert import run_litert
+    path, buf = _mnist("trained_lstm_int8.tflite")
+    rng = np.random.default_rng(9)
+    xs = [rng.integers(-128, 128, (1, 28, 28)).astype(np.int8) for _ in range(3)]
+    got = run_litert(path, [(x,) for x in xs])
+    for x, (y,) in zip(xs, got):
+        np.testing.assert_array_equal(y, litert_tensors(buf, x, [])[0])
