@@ -359,3 +359,9 @@ def lstm(x, w_x, w_h, b, h0, c0, time_major=False, cell_clip=0.0):
     if not (len(w_x) == len(w_h) == len(b) == 4):
         raise TraceError("lstm: w_x, w_h and b are lists of the 4 gates' tensors (input, forget, cell, output)")
     return emit("lstm", [x, *w_x, *w_h, *b, h0, c0], time_major=bool(time_major), cell_clip=float(cell_clip))
+
+
+def l2_pool2d(x, pool=2, stride=None, padding="valid", activation="none"):
+    """TFLite's L2_POOL_2D on NHWC: sqrt of the mean of squares over each window's in-image taps."""
+    return emit("l2_pool2d", [x], pool=_pair(pool), stride=None if stride is None else _pair(stride),
+                padding=_padding(padding), activation=activation)

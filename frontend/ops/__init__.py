@@ -5,4 +5,6 @@ from . import activations, elementwise, elementwise_int8, elementwise_tflite, nn
 from . import elementwise, nn, quant, recurrent, recurrent_tflite, reduce_shape  # noqa: F401  # noqa: F401,E402
 
 from . import elementwise, nn, quant, recurrent, recurrent_tflite, reduce_shape  # noqa: F401
+
+from . import elementwise, l2pool, nn, quant, recurrent, recurrent_tflite, reduce_shape  # noqa: F401
 from ._util import norm_axes  # noqa: F401

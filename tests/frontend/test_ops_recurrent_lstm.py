@@ -90,6 +90,7 @@ def test_mnist_round_trip(name, tmp_path):
 # ---- random single-op models through Kiln's exporter -------------------------------------------
 def lstm_graph(rng, n, t, i, h, time_major=False, cell_clip=0.0, int8=True, cell_log2=-12, zx=0, zo=0,
                w_log2=-7.0, sx=2.0 ** -5, so=2.0 ** -7):
+    """A one-node lstm graph with random weights (int8: TFLite's integer LSTM's tensors)."""
     g = Graph("lstm")
     xshape = (t, n, i) if time_major else (n, t, i)
     if int8:
