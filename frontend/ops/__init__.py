@@ -9,4 +9,6 @@ from . import elementwise, nn, quant, recurrent, recurrent_tflite, reduce_shape 
 from . import elementwise, l2pool, nn, quant, recurrent, recurrent_tflite, reduce_shape  # noqa: F401
 
 from . import batch_matmul, elementwise, l2pool, nn, quant, recurrent, recurrent_tflite, reduce_shape  # noqa: F401
+
+from . import batch_matmul, elementwise, l2pool, nn, quant, recurrent, recurrent_tflite, reduce_shape, transpose_conv  # noqa: F401
 from ._util import norm_axes  # noqa: F401
