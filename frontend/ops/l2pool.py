@@ -49,7 +49,11 @@ def _l2_vjp(n, xs, y, gy):
     return [F.mul(F.avg_pool2d_grad(g, x.shape, **pa), x)]
 
 
-register("l2_pool2d", attrs=L2, infer=_pool_infer, ref=_l2_ref, vjp=_l2_vjp, arity=1,
+def _l2_infer(ts, a):
+    return _pool_infer(ts, a)
+
+
+register("l2_pool2d", attrs=L2, infer=_l2_infer, ref=_l2_ref, vjp=_l2_vjp, arity=1,
          doc="NHWC L2 pooling (TFLite L2_POOL_2D): sqrt of the mean of squares over in-image taps")
 
 
