@@ -29,3 +29,23 @@ def test_lstm_float_on_host_c(tmp_path):
     pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
     x = rng.standard_normal(xshape).astype(np.float32)
     np.testing.assert_allclose(pkg.run(x)[0], run(g, x)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["trained_lstm_int8.tflite", "trained_lstm.tflite"])
+def test_tflm_mnist_lstm_on_host_c(name, tmp_path):
+    """TFLM's mnist_lstm models (28 steps, 20 units) compiled with the C backend: int8 bit-exact
+    with the int8 reference (itself bit-exact with LiteRT), float within 1e-5."""
+    import os
+
+    from kiln.frontend.tflite_import import load_tflite
+    g = load_tflite(os.path.join(os.path.dirname(__file__), "..", "data", "tflm_mnist_lstm", name))
+    pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
+    rng = np.random.default_rng(1)
+    for _ in range(2):
+        if "int8" in name:
+            x = rng.integers(-128, 128, (1, 28, 28)).astype(np.int8)
+            np.testing.assert_array_equal(pkg.run(x)[0], run(g, x)[0])
+        else:
+            x = rng.random((1, 28, 28)).astype(np.float32)
+            np.testing.assert_allclose(pkg.run(x)[0], run(g, x)[0], rtol=1e-5, atol=1e-6)
