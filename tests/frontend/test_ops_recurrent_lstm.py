@@ -232,3 +232,32 @@ def test_litert_oracle_resets_lstm_state_between_samples():
     got = run_litert(path, [(x,) for x in xs])
     for x, (y,) in zip(xs, got):
         np.testing.assert_array_equal(y, litert_tensors(buf, x, [])[0])
+
+
+def test_export_refuses_a_nonzero_initial_state():
+    from kiln.frontend.ops.tflite_util import ExportError
+    g, _ = lstm_graph(np.random.default_rng(0), 1, 2, 3, 4, int8=False)
+    g.consts["c0"] = np.ones((1, 4), np.float32)
+    with pytest.raises(ExportError, match="must be a zero constant"):
+        export_tflite(g)
+
+
+def test_import_refuses_a_hidden_scale_unlike_the_output():
+    """TFLM's int8 model with its effective_hidden_scale intermediate's scale changed."""
+    from tests.frontend.tflite_builder import patch
+    _, buf = _mnist("trained_lstm_int8.tflite")
+    bad = patch(buf, "tensor 22.scale[0]", 0.01)
+    with pytest.raises(KilnError, match="hidden-state intermediate"):
+        load_tflite(bad)
+
+
+def test_import_refuses_a_variable_tensor_read_by_another_op():
+    from tests.frontend.tflite_builder import Builder
+    b = Builder()
+    x = b.tensor("x", (1, 4))
+    v = b.tensor("v", (1, 4))
+    b.e.tensors[v]["variable"] = True
+    y = b.tensor("y", (1, 4))
+    b.op("ADD", [x, v], [y], "AddOptions")
+    with pytest.raises(KilnError, match="variable tensor"):
+        load_tflite(b.build([x], [y]))
