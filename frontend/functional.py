@@ -365,3 +365,10 @@ def l2_pool2d(x, pool=2, stride=None, padding="valid", activation="none"):
     """TFLite's L2_POOL_2D on NHWC: sqrt of the mean of squares over each window's in-image taps."""
     return emit("l2_pool2d", [x], pool=_pair(pool), stride=None if stride is None else _pair(stride),
                 padding=_padding(padding), activation=activation)
+
+
+def transpose_conv2d(x, w, output_shape, b=None, stride=1, padding="same", activation="none"):
+    """TFLite's TRANSPOSE_CONV on NHWC: x [N, h, w, C_in], w [C_out, KH, KW, C_in], optional bias
+    [C_out]; ``output_shape`` [N, H, W, C_out] is the size whose ``padding`` conv gives x's."""
+    return emit("transpose_conv2d", [x, w] + ([b] if b is not None else []), output_shape=[int(v) for v in output_shape],
+                stride=_pair(stride), padding=padding, activation=activation)

@@ -348,6 +348,13 @@ for tm, clip in ((False, 0.0), (True, 0.0), (False, 0.8)):
          lambda x, *p, tm=tm, clip=clip: F.lstm(x, p[0:4], p[4:8], p[8:12], p[12], p[13], tm, clip),
          lambda x, *p, tm=tm, clip=clip: _torch_lstm(x, *p, time_major=tm, clip=clip),
          [normal(*xs_)] + [normal(3, 3)] * 8 + [normal(3)] * 4 + [normal(2, 3)] * 2)
+for tid, xs, os_, st, pad, act in (("same-s2", (1, 3, 3, 2), (1, 6, 5, 3), 2, "same", "none"),
+                                   ("valid-s1-relu6", (2, 3, 4, 2), (2, 5, 6, 1), 1, "valid", "relu6")):
+    case(f"transpose_conv2d-{tid}", "transpose_conv2d",
+         lambda x, w, b, os_=os_, st=st, pad=pad, act=act: F.transpose_conv2d(x, w, os_, b, st, pad, act),
+         lambda x, w, b, os_=os_, st=st, pad=pad, act=act: (lambda y: y.clamp(0, 6) if act == "relu6" else y)(
+             R.conv2d_grad_input(x, w.permute(3, 1, 2, 0), os_, stride=st, padding=pad) + b),
+         [normal(*xs), normal(os_[3], 3, 3, xs[3]), normal(os_[3])])
 for pid, xs, pool, st, pad in (POOLS[0], POOLS[2], POOLS[3]):
     kw = dict(pool=pool, stride=st, padding=pad)
     case(f"l2_pool2d-{pid}", "l2_pool2d", lambda x, kw=kw: F.l2_pool2d(x, **kw),
