@@ -1,13 +1,13 @@
-"""TFLite's TRANSPOSE_CONV (float) as Kiln's ``conv2d_grad_input`` (frontend/ops/nn.py), which is
-the same computation: the transposed convolution of the input by the filter.
+"""``transpose_conv2d``: TFLite's TRANSPOSE_CONV (float and int8), bias and activation fused.
 
-TFLite's filter is [C_out, KH, KW, C_in]; ``conv2d_grad_input`` takes the forward conv's OHWI
-weights [C_in, KH, KW, C_out] (its output channels are the transposed conv's input channels), so
-the importer transposes axes 0 and 3 and the exporter transposes them back. The padding is the
-forward conv's on ``output_shape`` (TFLite's ``ComputePaddingHeightWidth``), so Kiln imports the
-models whose input size is what that conv produces (``ceil(out / stride)`` for SAME,
-``(out - K) // stride + 1`` for VALID: what the converter writes for Keras' Conv2DTranspose).
-The optional bias becomes an ``add``, a fused RELU / RELU6 a ``relu`` / ``relu6`` node.
+It computes ``conv2d_grad_input`` (frontend/ops/nn.py: the transposed convolution) with TFLite's
+filter layout [C_out, KH, KW, C_in] (the forward conv's OHWI weights are its axes 0 and 3
+swapped), then the bias and the fused activation. The padding is the forward conv's on
+``output_shape`` (TFLite's ``ComputePaddingHeightWidth``), so the input must be the size that
+conv produces (``ceil(out / stride)`` for SAME, ``(out - K) // stride + 1`` for VALID), as
+TFLite's Prepare checks. int8: ``reference_integer_ops::TransposeConv`` (int32 scatter of
+``(x - z_x) * w``, + bias, per-channel ``MultiplyByQuantizedMultiplier`` with the conv's
+multipliers, + z_out, activation clamp); symmetric filters, per tensor or per channel on axis 0.
 """
 from __future__ import annotations
 
@@ -155,22 +155,3 @@ def _tfl_export_tc(e, n, act, out, int8):
     e.op(NAME, [oshape, ins[1], ins[0]] + ins[2:], [e.tensor(out, e.g.types[out])], "TransposeConvOptions", int8,
          Padding=tfl.PAD_CODES[a["padding"]], StrideW=a["stride"][1], StrideH=a["stride"][0],
          FusedActivationFunction=tfl.ACT_CODES[a["activation"]])
-
-
-@tfl.exporter("conv2d_grad_input")
-def _tfl_export_transpose_conv(e, n, act, out, int8):
-    a = n.attrs
-    if int8:
-        raise tfl.ExportError(f"node {n.name!r}: Kiln exports float TRANSPOSE_CONV only")
-    if a["padding"] not in tfl.PAD_CODES or a["dilation"] != [1, 1] or a["groups"] != 1:
-        raise tfl.ExportError(f"node {n.name!r}: TRANSPOSE_CONV needs 'same'/'valid' padding, no dilation and no "
-                              f"groups, got {a['padding']}, {a['dilation']}, {a['groups']}")
-    g = e.g
-    wv = g.consts.get(n.inputs[1], g.params.get(n.inputs[1]))
-    if wv is None:
-        raise tfl.ExportError(f"node {n.name!r}: TRANSPOSE_CONV needs constant weights")
-    filt = e.const(n.inputs[1] + "/ohwi_to_tflite", np.ascontiguousarray(np.transpose(np.asarray(wv), (3, 1, 2, 0))))
-    oshape = e.const(n.name + "/output_shape", np.asarray(a["input_shape"], np.int32))
-    e.op(NAME, [oshape, filt, e.value(n.inputs[0])], [e.tensor(out, g.types[out])], "TransposeConvOptions", False,
-         Padding=tfl.PAD_CODES[a["padding"]], StrideW=a["stride"][1], StrideH=a["stride"][0])
-
