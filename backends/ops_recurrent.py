@@ -6,7 +6,7 @@ vectors), then per step four stages: the recurrent products of the 4 gates, the 
 (``kiln_lstm_gate``: requantise to Q3.12, saturating add, gemmlowp's int16 logistic / tanh), the
 new int16 cell state (``kiln_lstm_cell``) and the new int8 hidden state (``kiln_lstm_hidden``),
 all C functions of ``kiln_intrinsics.h``. The multipliers come from the reference's own
-``lstm_int8_params``. Float LSTMs use the op's TE compute.
+``lstm_int8_params``. Float LSTMs use the op's TE compute. Both keep every stage (no inlining).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tvm import te, tirx
 
 from kiln.frontend.ops.recurrent import lstm_int8_params
 
-from .lower import lower_rule
+from .lower import lower_rule, lower_te
 from .qmath import c
 
 
@@ -60,11 +60,18 @@ def _consts(k, node, ty):
                 clip=clip_q, hm=int(p["hidden"][0]), hs=int(p["hidden"][1]), zo=p["z_o"])
 
 
+def _keep_stages(sch, out_block):
+    return None
+
+
 @lower_rule("lstm")
 def lower_lstm(k, node, xs):
     ty = k.type(node.name)
+    # every stage stays a loop nest of its own: inlining the per-step states into their consumers
+    # (the default schedule) would recompute the whole recurrence in each later step
+    k.schedule(_keep_stages)
     if ty.quant is None:
-        return None                          # float: the op's TE compute
+        return lower_te(k, node, xs)         # float: the op's TE compute
     P = _consts(k, node, ty)
     x, wx, wh = xs[0], xs[1:5], xs[5:9]
     tm = node.attrs["time_major"]
