@@ -261,3 +261,18 @@ def test_import_refuses_a_variable_tensor_read_by_another_op():
     b.op("ADD", [x, v], [y], "AddOptions")
     with pytest.raises(KilnError, match="variable tensor"):
         load_tflite(b.build([x], [y]))
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_tflm_mnist_lstm_int8_bit_exact_on_board(tmp_path):
+    """TFLM's int8 mnist_lstm on the emulated mps2-an386: every output equal to LiteRT's golden."""
+    from kiln.commands.golden import golden
+    from kiln.commands.verify import verify
+    from kiln.frontend.loader import load_model
+    from kiln.samples import random_inputs
+    path, _ = _mnist("trained_lstm_int8.tflite")
+    gold = str(tmp_path / "g.npz")
+    golden(path, gold, random_inputs(load_model(path), 3, seed=2))
+    rep = verify(path, gold, "mps2-an386", options={"out": str(tmp_path / "board")})
+    assert rep["ok"] and rep["matched"] == 3, rep["results"]
