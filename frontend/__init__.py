@@ -22,7 +22,6 @@ from .limits import LIMITS, limits, set_limits
 from .loader import load_model
 from .module import (
                      ELU,
-
                      GRU,
                      LSTM,
                      AvgPool2d,
@@ -36,10 +35,6 @@ from .module import (
                      GlobalAvgPool,
                      Hardswish,
                      LeakyReLU,
-
-                     GRU,
-                     LSTM,
-
                      Linear,
                      MaxPool2d,
                      Module,

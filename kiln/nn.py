@@ -3,7 +3,6 @@ and eager execution."""
 from kiln.frontend.graph_module import GraphModule  # noqa: F401
 from kiln.frontend.module import (  # noqa: F401
                                   ELU,
-
                                   GRU,
                                   LSTM,
                                   AvgPool2d,
@@ -17,10 +16,6 @@ from kiln.frontend.module import (  # noqa: F401
                                   GlobalAvgPool,
                                   Hardswish,
                                   LeakyReLU,
-
-                                  GRU,
-                                  LSTM,
-
                                   Linear,
                                   MaxPool2d,
                                   Module,
