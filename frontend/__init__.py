@@ -22,6 +22,8 @@ from .limits import LIMITS, limits, set_limits
 from .loader import load_model
 from .module import (
                      ELU,
+                     GRU,
+                     LSTM,
                      AvgPool2d,
                      BatchNorm1d,
                      BatchNorm2d,

@@ -349,3 +349,26 @@ def leaky_relu(x, alpha=0.2):
 def add_n(xs):
     """x0 + x1 + ... of same-shaped tensors (TFLite ADD_N)."""
     return emit("add_n", list(xs))
+
+# ---- recurrent (frontend/ops/recurrent.py) --------------------------------------------------
+def lstm(x, w_x, w_h, b, h0, c0, time_major=False, cell_clip=0.0):
+    """One-layer LSTM over a sequence (TFLite's UNIDIRECTIONAL_SEQUENCE_LSTM). ``w_x``, ``w_h``,
+    ``b``: the input weights [H, I], recurrent weights [H, H] and biases [H] of the gates, each a
+    list in the order input, forget, cell, output; ``h0``, ``c0`` [N, H]. Returns every step's
+    hidden state, [N, T, H] ([T, N, H] when ``time_major``)."""
+    if not (len(w_x) == len(w_h) == len(b) == 4):
+        raise TraceError("lstm: w_x, w_h and b are lists of the 4 gates' tensors (input, forget, cell, output)")
+    return emit("lstm", [x, *w_x, *w_h, *b, h0, c0], time_major=bool(time_major), cell_clip=float(cell_clip))
+
+
+def l2_pool2d(x, pool=2, stride=None, padding="valid", activation="none"):
+    """TFLite's L2_POOL_2D on NHWC: sqrt of the mean of squares over each window's in-image taps."""
+    return emit("l2_pool2d", [x], pool=_pair(pool), stride=None if stride is None else _pair(stride),
+                padding=_padding(padding), activation=activation)
+
+
+def transpose_conv2d(x, w, output_shape, b=None, stride=1, padding="same", activation="none"):
+    """TFLite's TRANSPOSE_CONV on NHWC: x [N, h, w, C_in], w [C_out, KH, KW, C_in], optional bias
+    [C_out]; ``output_shape`` [N, H, W, C_out] is the size whose ``padding`` conv gives x's."""
+    return emit("transpose_conv2d", [x, w] + ([b] if b is not None else []), output_shape=[int(v) for v in output_shape],
+                stride=_pair(stride), padding=padding, activation=activation)

@@ -464,3 +464,90 @@ class PReLU(Module):
 
     def forward(self, x):
         return F.prelu(x, self.weight)
+
+# ---- recurrent layers (frontend/ops/recurrent.py) ----------------------------------------------
+def _torch_array(t):
+    return np.asarray(t.detach().cpu().numpy(), np.float32)
+
+
+class LSTM(Module):
+    """One-layer LSTM over [N, T, input_size] (batch first) returning every step's hidden state
+    [N, T, hidden_size]; the state starts at zero. One fused ``lstm`` node (exported as TFLite's
+    UNIDIRECTIONAL_SEQUENCE_LSTM); its gradient is backpropagation through time. Parameters per
+    gate in PyTorch's order (input, forget, cell, output): ``weight_ih.k`` [H, I], ``weight_hh.k``
+    [H, H], ``bias.k`` [H] (PyTorch's ``b_ih + b_hh``). ``load_torch(torch_lstm)`` copies a
+    one-layer unidirectional ``torch.nn.LSTM(batch_first=True)``."""
+
+    def __init__(self, input_size, hidden_size, cell_clip=0.0):
+        bound = 1.0 / math.sqrt(hidden_size)
+        self.weight_ih = [Parameter(_uniform((hidden_size, input_size), bound)) for _ in range(4)]
+        self.weight_hh = [Parameter(_uniform((hidden_size, hidden_size), bound)) for _ in range(4)]
+        self.bias = [Parameter(_uniform((hidden_size,), bound)) for _ in range(4)]
+        self.input_size, self.hidden_size, self.cell_clip = input_size, hidden_size, cell_clip
+
+    def forward(self, x):
+        zeros = F.constant(np.zeros((x.shape[0], self.hidden_size), np.float32))
+        return F.lstm(x, self.weight_ih, self.weight_hh, self.bias, zeros, zeros, cell_clip=self.cell_clip)
+
+    def load_torch(self, m):
+        if m.num_layers != 1 or m.bidirectional or not m.batch_first or m.proj_size:
+            raise KilnError("LSTM.load_torch takes a one-layer unidirectional torch.nn.LSTM(batch_first=True) "
+                            "without projection")
+        H = self.hidden_size
+        w_ih, w_hh = _torch_array(m.weight_ih_l0), _torch_array(m.weight_hh_l0)
+        b = _torch_array(m.bias_ih_l0) + _torch_array(m.bias_hh_l0) if m.bias else np.zeros(4 * H, np.float32)
+        for k in range(4):
+            self.weight_ih[k].data = w_ih[k * H:(k + 1) * H].copy()
+            self.weight_hh[k].data = w_hh[k * H:(k + 1) * H].copy()
+            self.bias[k].data = b[k * H:(k + 1) * H].copy()
+        return self
+
+    def extra_repr(self):
+        return f"{self.input_size}, {self.hidden_size}"
+
+
+class GRU(Module):
+    """One-layer GRU over [N, T, input_size] (batch first) returning [N, T, hidden_size] from a
+    zero state, PyTorch's equations (gates r, z, n; ``n = tanh(W_in x + b_in + r * (W_hn h +
+    b_hn))``, ``h = (1 - z) * n + z * h``) unrolled over time into dense, slice, sigmoid, tanh,
+    mul and add nodes (what a converter writes: TFLite has no fused GRU). Parameters per gate:
+    ``weight_ih.k`` [H, I], ``weight_hh.k`` [H, H], ``bias_ih.k``, ``bias_hh.k`` [H]."""
+
+    def __init__(self, input_size, hidden_size):
+        bound = 1.0 / math.sqrt(hidden_size)
+        self.weight_ih = [Parameter(_uniform((hidden_size, input_size), bound)) for _ in range(3)]
+        self.weight_hh = [Parameter(_uniform((hidden_size, hidden_size), bound)) for _ in range(3)]
+        self.bias_ih = [Parameter(_uniform((hidden_size,), bound)) for _ in range(3)]
+        self.bias_hh = [Parameter(_uniform((hidden_size,), bound)) for _ in range(3)]
+        self.input_size, self.hidden_size = input_size, hidden_size
+
+    def _step(self, xt, h):
+        xr, xz, xn = (F.dense(xt, self.weight_ih[k], self.bias_ih[k]) for k in range(3))
+        if h is None:           # zero state: W_h h vanishes, the recurrent bias remains
+            hr, hz, hn = self.bias_hh
+        else:
+            hr, hz, hn = (F.dense(h, self.weight_hh[k], self.bias_hh[k]) for k in range(3))
+        r, z = F.sigmoid(xr + hr), F.sigmoid(xz + hz)
+        n = F.tanh(xn + r * hn)
+        return n + z * n * -1.0 if h is None else n + z * (h + n * -1.0)
+
+    def forward(self, x):
+        N, T, I = x.shape
+        h, hs = None, []
+        for t in range(T):
+            h = self._step(F.reshape(F.slice(x, [0, t, 0], [N, t + 1, I]), [N, I]), h)
+            hs.append(F.reshape(h, [N, 1, self.hidden_size]))
+        return F.concat(hs, 1) if T > 1 else hs[0]
+
+    def load_torch(self, m):
+        if m.num_layers != 1 or m.bidirectional or not m.batch_first or not m.bias:
+            raise KilnError("GRU.load_torch takes a one-layer unidirectional torch.nn.GRU(batch_first=True, bias=True)")
+        H = self.hidden_size
+        arrays = [_torch_array(getattr(m, n)) for n in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")]
+        for dst, src in zip((self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh), arrays):
+            for k in range(3):
+                dst[k].data = src[k * H:(k + 1) * H].copy()
+        return self
+
+    def extra_repr(self):
+        return f"{self.input_size}, {self.hidden_size}"

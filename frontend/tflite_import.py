@@ -183,12 +183,11 @@ class _Importer:
             if not 0 <= bidx < max(nb, 1) or (nb == 0 and bidx != 0):
                 raise self.err(f"{where}: buffer = {bidx} is out of range: the file has {nb} buffers")
             data = self._buffer_data(bidx, where, shape, dtype) if nb else None
-            self.tensors.append(dict(name=tname, shape=shape, dtype=dtype, quant=quant, data=data))
+            self.tensors.append(dict(name=tname, shape=shape, dtype=dtype, quant=quant, data=data,
+                                     variable=bool(t.IsVariable())))
 
     def _unsupported_tensor_fields(self, t, where):
         tab = t._tab
-        if t.IsVariable():
-            raise self.err(f"{where}: is_variable is set; Kiln imports models without variable tensors")
         for slot, what in ((16, "sparsity parameters (a sparse tensor)"), (22, "variant_tensors"),
                            (24, "an external_buffer")):
             o = tab.Offset(slot)
@@ -309,7 +308,8 @@ class _Importer:
                 raise self.err(f"operator {k} ({opname}) writes {self.label(o)}, which already has a value "
                                f"(a graph input, a constant or another operator's output)")
             for i in oins:
-                if i >= 0 and i not in self.values and i not in self.folded and self.tensors[i]["data"] is None:
+                if (i >= 0 and i not in self.values and i not in self.folded and self.tensors[i]["data"] is None
+                        and not self.tensors[i]["variable"]):
                     raise self.err(f"operator {k} ({opname}) reads {self.label(i)} before any operator produces "
                                    f"it (and it is not a constant or a graph input)")
             TFLITE_IMPORTERS[opname](self, k, op, list(oins), o)
@@ -340,6 +340,9 @@ class _Importer:
             return self.values[i]
         t = self.tensors[i]
         data = self.folded.get(i, t["data"])
+        if t["variable"]:
+            raise self.err(f"operator {k} ({opname}) reads variable tensor {self.label(i)}; Kiln imports variable "
+                           f"tensors only as the state of recurrent ops (UNIDIRECTIONAL_SEQUENCE_LSTM)")
         if data is None:
             raise self.err(f"operator {k} ({opname}) reads {self.label(i)} before any operator produces it "
                            f"(and it is not a constant or a graph input)")

@@ -42,6 +42,7 @@ def run_litert(path, samples) -> list[tuple]:
         for d, x in zip(ins, xs):
             it.set_tensor(d["index"], np.asarray(x).astype(d["dtype"], copy=False).reshape(d["shape"]))
         try:
+            it.reset_all_variables()     # stateful ops (LSTM): every sample starts from the zero state
             it.invoke()
         except Exception as e:
             raise OracleError(f"{path}: LiteRT's reference kernels failed: {str(e).strip()[:500]}") from None

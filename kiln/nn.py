@@ -3,6 +3,8 @@ and eager execution."""
 from kiln.frontend.graph_module import GraphModule  # noqa: F401
 from kiln.frontend.module import (  # noqa: F401
                                   ELU,
+                                  GRU,
+                                  LSTM,
                                   AvgPool2d,
                                   BatchNorm1d,
                                   BatchNorm2d,

@@ -164,10 +164,11 @@ class _Exporter:
                 quant = _table(b, "QuantizationParameters", Scale=sc, ZeroPoint=zp,
                                QuantizedDimension=int(q.axis or 0))
             ten_offs.append(_table(b, "Tensor", Shape=shape, Type=_TYPE[td["dtype"]], Buffer=tensor_buf[k],
-                                   Name=name, Quantization=quant))
+                                   Name=name, Quantization=quant, IsVariable=True if td.get("variable") else None))
         op_offs = []
         for opname, ins, outs, opts_name, fields in self.ops:
             fields = dict(fields)
+            inter = fields.pop("intermediates", None)      # LSTM: the converter's intermediate tensors
             opts = None
             if opts_name is not None:
                 vec_fields = {}
@@ -179,7 +180,7 @@ class _Exporter:
             iv, ov = _ivec(b, ins), _ivec(b, outs)
             op_offs.append(_table(b, "Operator", OpcodeIndex=self.opcodes[opname], Inputs=iv, Outputs=ov,
                                   BuiltinOptionsType=getattr(t.BuiltinOptions, opts_name) if opts_name else None,
-                                  BuiltinOptions=opts))
+                                  BuiltinOptions=opts, Intermediates=_ivec(b, inter) if inter else None))
         sg = _table(b, "SubGraph", Tensors=_offvec(b, ten_offs), Inputs=_ivec(b, self.inputs),
                     Outputs=_ivec(b, self.outputs), Operators=_offvec(b, op_offs), Name=b.CreateString(self.g.name))
         codes = []

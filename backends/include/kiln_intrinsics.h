@@ -712,4 +712,117 @@ static __attribute__((noinline, unused, cold)) void kiln_softmax_s8(const int8_t
     }
 }
 
+/* ---- gemmlowp's int16 fixed-point logistic / tanh (TFLite's integer LSTM gates) -------------
+ * FixedPoint<int16_t, ib> in, Q0.15 out, as gemmlowp/fixedpoint.h computes them: constants are
+ * the int32 initialisers rounded right by 16, adds wrap to int16 (the last add of exp saturates).
+ * frontend/ops/recurrent_int16.py is the same arithmetic in NumPy. */
+static inline int32_t kiln_w16(int32_t x) { return (int32_t)(((uint32_t)x + 32768u) & 0xFFFFu) - 32768; }
+
+static inline int32_t kiln_srdhm16(int32_t a, int32_t b)
+{
+    if (a == b && a == -32768) return 32767;
+    int32_t ab = a * b;
+    return kiln_w16((ab + (ab >= 0 ? (1 << 14) : (1 - (1 << 14)))) / (1 << 15));
+}
+
+static inline int32_t kiln_rdbpot16(int32_t x, int32_t e)
+{
+    int32_t mask = (int32_t)((1u << e) - 1u);
+    int32_t rem = x & mask;
+    int32_t thr = (mask >> 1) + (x < 0 ? 1 : 0);
+    return (x >> e) + (rem > thr ? 1 : 0);
+}
+
+static inline int32_t kiln_srmbpot16(int32_t x, int32_t e)
+{
+    if (e <= 0) return e == 0 ? x : kiln_rdbpot16(x, -e);
+    int32_t thr = (1 << (15 - e)) - 1;
+    if (x > thr) return 32767;
+    if (x < -thr) return -32768;
+    return kiln_w16((int32_t)((uint32_t)x << e));
+}
+
+static inline int32_t kiln_exp_quarter16(int32_t a)
+{
+    const int32_t ct = 28918, third = 10923;         /* exp(-1/8), 1/3 in Q0.15 */
+    int32_t x = kiln_w16(a + (1 << 12));
+    int32_t x2 = kiln_srdhm16(x, x), x3 = kiln_srdhm16(x2, x), x4 = kiln_srdhm16(x2, x2);
+    int32_t t = kiln_srmbpot16(kiln_w16(kiln_srdhm16(kiln_w16(kiln_srmbpot16(x4, -2) + x3), third) + x2), -1);
+    int32_t r = ct + kiln_srdhm16(ct, kiln_w16(x + t));
+    return r > 32767 ? 32767 : r < -32768 ? -32768 : r;
+}
+
+static KILN_SIZE_NOINLINE int32_t kiln_exp_neg16(int32_t a, int32_t ib)
+{
+    static const int32_t mult[7] = {25520, 19875, 12055, 4435, 600, 11, 0};   /* exp(-2^k), k=-2..4 */
+    int32_t frac = 15 - ib, q = 1 << (frac - 2);
+    int32_t a_mod = kiln_w16((a & (q - 1)) - q);
+    int32_t result = kiln_exp_quarter16(kiln_srmbpot16(a_mod, ib));
+    int32_t rem = kiln_w16(a_mod - a);
+    for (int32_t k = -2; k <= 4; k++)
+        if (ib > k && (rem & (1 << (frac + k)))) result = kiln_srdhm16(result, mult[k + 2]);
+    if (ib > 5 && 36 - ib < 31 && a < -((1 << (36 - ib)) >> 16)) result = 0;
+    return a == 0 ? 32767 : result;
+}
+
+static inline int32_t kiln_newton16(int32_t a)
+{
+    int32_t s = a + 32767;
+    int32_t hd = (s + (s >= 0 ? 1 : -1)) / 2;
+    int32_t x = kiln_w16(23130 + kiln_srdhm16(hd, -15420));                   /* 48/17, -32/17 in Q2.13 */
+    for (int i = 0; i < 3; i++) {
+        int32_t om = kiln_w16((1 << 13) - kiln_srdhm16(hd, x));
+        x = kiln_w16(x + kiln_srmbpot16(kiln_srdhm16(x, om), 2));
+    }
+    return x;
+}
+
+static KILN_SIZE_NOINLINE int32_t kiln_logistic16(int32_t a, int32_t ib)
+{
+    if (a == 0) return 1 << 14;
+    int32_t absin = a > 0 ? a : kiln_w16(-a);
+    int32_t r = kiln_srmbpot16(kiln_newton16(kiln_exp_neg16(kiln_w16(-absin), ib)), 1);
+    return a > 0 ? r : kiln_w16(32767 - r);
+}
+
+static KILN_SIZE_NOINLINE int32_t kiln_tanh16(int32_t a, int32_t ib)
+{
+    if (a == 0) return 0;
+    int32_t n = a < 0 ? a : kiln_w16(-a);
+    int32_t t = kiln_srmbpot16(kiln_w16(kiln_newton16(kiln_exp_neg16(n, ib + 1)) - (1 << 13)), 2);
+    return a < 0 ? kiln_w16(-t) : t;
+}
+
+/* ---- TFLite's integer LSTM step (EvalInteger8x8_16; backends/ops_recurrent.py) --------------- */
+static inline int32_t kiln_sat16(int32_t x) { return x > 32767 ? 32767 : x < -32768 ? -32768 : x; }
+
+static inline int32_t kiln_mbqm(int32_t x, int32_t m, int32_t s)
+{
+    return kiln_rdbpot(kiln_srdhm64((int32_t)((uint32_t)x << (s > 0 ? s : 0)), m), s > 0 ? 0 : -s);
+}
+
+/* one gate: the input and recurrent products (zero points and bias folded in) requantised to
+ * Q3.12 and added with int16 saturation, then sigmoid (kind 0) or tanh (kind 1), Q0.15 */
+static KILN_SIZE_NOINLINE int32_t kiln_lstm_gate(int32_t accx, int32_t acch, int32_t mx, int32_t sx, int32_t mh,
+                                                 int32_t sh, int32_t kind)
+{
+    int32_t g = kiln_sat16(kiln_mbqm(accx, mx, sx));
+    g = kiln_sat16(kiln_mbqm(acch, mh, sh) + g);
+    return kind ? kiln_tanh16(g, 3) : kiln_logistic16(g, 3);
+}
+
+static inline int32_t kiln_lstm_cell(int32_t f, int32_t c, int32_t i, int32_t g, int32_t shift, int32_t clip)
+{
+    c = kiln_w16(kiln_rdbpot16(f * c, 15));
+    c = kiln_sat16(c + kiln_w16(kiln_rdbpot16(i * g, shift)));
+    if (clip > 0) c = c > clip ? clip : c < -clip ? -clip : c;
+    return c;
+}
+
+static inline int32_t kiln_lstm_hidden(int32_t o, int32_t c, int32_t ib, int32_t m, int32_t s, int32_t zo)
+{
+    int32_t v = kiln_mbqm(o * kiln_tanh16(c, ib), m, s) + zo;
+    return v > 127 ? 127 : v < -128 ? -128 : v;
+}
+
 #endif /* KILN_INTRINSICS_H */

@@ -138,6 +138,13 @@ def _op_table():
         mp = node("max_pool2d", [x], **pa)
         node("max_pool2d_grad", [x, mp], **pa)
         node("max_pool2d_gather", [x, x], **pa)
+    # frontend/ops/recurrent.py, l2pool.py, transpose_conv.py
+    lx = inp((2, 3, 4))
+    lw = [inp((5, 4)) for _ in range(4)] + [inp((5, 5)) for _ in range(4)] + [inp((5,)) for _ in range(4)]
+    node("lstm", [lx] + lw + [inp((2, 5)), inp((2, 5))], cell_clip=0.8)
+    node("l2_pool2d", [x], pool=[3, 3], stride=[2, 2], padding="same", activation="relu6")
+    node("transpose_conv2d", [x, inp((3, 3, 3, 4)), inp((3,))], output_shape=[2, 14, 12, 3], stride=[2, 2],
+         padding="same", activation="relu")
     g.outputs = [o for o in outs if g.types[o].dtype != "bool"]
     return g.validate(), feeds
 

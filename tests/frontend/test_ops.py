@@ -326,6 +326,40 @@ case("floor_mod", "floor_mod", F.floor_mod, torch.remainder, [normal(3, 4), away
 case("add_n", "add_n", lambda a, b, c: F.add_n([a, b, c]), lambda a, b, c: a + b + c,
      [normal(3, 4), normal(3, 4), normal(3, 4)])
 
+
+# ---- recurrent (frontend/ops/recurrent.py) and L2 pooling (frontend/ops/l2pool.py) ------------------
+def _torch_lstm(x, *p, time_major=False, clip=0.0):
+    wx, wh, b, h, c = p[0:4], p[4:8], p[8:12], p[12], p[13]
+    xs = x if time_major else x.transpose(0, 1)
+    hs = []
+    for t in range(xs.shape[0]):
+        pre = [xs[t] @ wx[k].T + h @ wh[k].T + b[k] for k in range(4)]
+        c = torch.sigmoid(pre[1]) * c + torch.sigmoid(pre[0]) * torch.tanh(pre[2])
+        c = c.clamp(-clip, clip) if clip > 0 else c
+        h = torch.sigmoid(pre[3]) * torch.tanh(c)
+        hs.append(h)
+    y = torch.stack(hs)
+    return y if time_major else y.transpose(0, 1)
+
+
+for tm, clip in ((False, 0.0), (True, 0.0), (False, 0.8)):
+    xs_ = (2, 2, 3) if tm else (2, 2, 3)
+    case(f"lstm-{'tm' if tm else 'bm'}-clip{clip:g}", "lstm",
+         lambda x, *p, tm=tm, clip=clip: F.lstm(x, p[0:4], p[4:8], p[8:12], p[12], p[13], tm, clip),
+         lambda x, *p, tm=tm, clip=clip: _torch_lstm(x, *p, time_major=tm, clip=clip),
+         [normal(*xs_)] + [normal(3, 3)] * 8 + [normal(3)] * 4 + [normal(2, 3)] * 2)
+for tid, xs, os_, st, pad, act in (("same-s2", (1, 3, 3, 2), (1, 6, 5, 3), 2, "same", "none"),
+                                   ("valid-s1-relu6", (2, 3, 4, 2), (2, 5, 6, 1), 1, "valid", "relu6")):
+    case(f"transpose_conv2d-{tid}", "transpose_conv2d",
+         lambda x, w, b, os_=os_, st=st, pad=pad, act=act: F.transpose_conv2d(x, w, os_, b, st, pad, act),
+         lambda x, w, b, os_=os_, st=st, pad=pad, act=act: (lambda y: y.clamp(0, 6) if act == "relu6" else y)(
+             R.conv2d_grad_input(x, w.permute(3, 1, 2, 0), os_, stride=st, padding=pad) + b),
+         [normal(*xs), normal(os_[3], 3, 3, xs[3]), normal(os_[3])])
+for pid, xs, pool, st, pad in (POOLS[0], POOLS[2], POOLS[3]):
+    kw = dict(pool=pool, stride=st, padding=pad)
+    case(f"l2_pool2d-{pid}", "l2_pool2d", lambda x, kw=kw: F.l2_pool2d(x, **kw),
+         lambda x, kw=kw: torch.sqrt(R.avg_pool2d(x * x, **kw, count_include_pad=False)), [away(*xs)])
+
 IDS = [c.id for c in CASES]
 assert len(IDS) == len(set(IDS)), "duplicate case ids"
 GRAD_CASES = [c for c in CASES if c.grad]
