@@ -339,6 +339,9 @@ def _pad_te(T, xs, a, out):
 
 
 def _slice_params(a, shape):
+    """Per-axis Python slices of ``slice``'s attributes. An axis takes the indices
+    ``range(begin, end, stride)``: a positive stride needs ``0 <= begin <= end <= size``, a
+    negative one ``-1 <= end <= begin < size`` (end -1: down to index 0 included)."""
     nd = len(shape)
     b, e = list(a["begin"]), list(a["end"])
     st = list(a["strides"] or [1] * nd)
@@ -346,18 +349,27 @@ def _slice_params(a, shape):
         raise ShapeError(f"slice: begin/end/strides need {nd} entries, got {b}, {e}, {st}")
     out = []
     for i in range(nd):
-        if st[i] <= 0:
-            raise ShapeError(f"slice: strides must be positive, got {st}")
-        lo, hi = max(0, min(b[i], shape[i])), max(0, min(e[i], shape[i]))
-        if not (0 <= b[i] <= shape[i] and b[i] <= e[i] <= shape[i]):
+        if st[i] == 0:
+            raise ShapeError(f"slice: strides must be non-zero, got {st}")
+        if st[i] > 0 and not (0 <= b[i] <= shape[i] and b[i] <= e[i] <= shape[i]):
             raise ShapeError(f"slice: [{b[i]}:{e[i]}] out of range for axis {i} of size {shape[i]}")
-        out.append(slice(lo, hi, st[i]))
+        if st[i] < 0 and not (-1 <= e[i] <= b[i] < shape[i] or (e[i] == b[i] == -1 and shape[i] == 0)):
+            raise ShapeError(f"slice: [{b[i]}:{e[i]}:{st[i]}] out of range for axis {i} of size {shape[i]} "
+                             f"(a negative stride needs -1 <= end <= begin < size)")
+        if not len(range(b[i], e[i], st[i])):
+            out.append(slice(0, 0, 1))
+        else:
+            out.append(slice(b[i], None if e[i] < 0 else e[i], st[i]) if st[i] < 0 else slice(b[i], e[i], st[i]))
     return tuple(out)
+
+
+def _slice_len(s, n):
+    return len(range(*s.indices(n)))
 
 
 def _slice_infer(ts, a):
     idx = _slice_params(a, ts[0].shape)
-    return tt([len(range(s.start, s.stop, s.step)) for s in idx], ts[0].dtype, ts[0].quant)
+    return tt([_slice_len(s, n) for s, n in zip(idx, ts[0].shape)], ts[0].dtype, ts[0].quant)
 
 
 def _slice_vjp(n, xs, y, gy):
@@ -372,7 +384,7 @@ def _slice_vjp(n, xs, y, gy):
 
 register("slice", attrs={"begin": Attr("ints", ()), "end": Attr("ints", ()), "strides": Attr("ints", None)},
          infer=_slice_infer, ref=lambda xs, a: xs[0][_slice_params(a, xs[0].shape)].copy(),
-         vjp=_slice_vjp, props={SHAPE, QUANTIZABLE}, arity=1, doc="x[begin:end:strides] per axis (positive strides)",
+         vjp=_slice_vjp, props={SHAPE, QUANTIZABLE}, arity=1, doc="x[begin:end:strides] per axis (a negative stride walks down to end, exclusive; end -1: to index 0)",
          quant=SAME_AS_INPUT)
 
 
@@ -410,7 +422,8 @@ def _slice_grad_te(T, xs, a, out):
     def f(*i):
         t = [i[d] - b[d] for d in range(len(shape))]
         q = [T.tirx.floordiv(t[d], st[d]) for d in range(len(shape))]
-        ok = T.tirx.all(*[T.tirx.all(t[d] >= 0, T.tirx.floormod(t[d], st[d]) == 0, q[d] < n[d]) for d in range(len(shape))])
+        ok = T.tirx.all(*[T.tirx.all(q[d] >= 0, T.tirx.floormod(t[d], st[d]) == 0, q[d] < n[d])
+                          for d in range(len(shape))])
         return T.tirx.if_then_else(ok, x(*q), T.c(0, x.dtype))
     return T.te.compute(out.shape, f, name="slice_grad")
 
