@@ -120,8 +120,8 @@ def _dense_spec(shape, n, ellipsis_mask, new_axis_mask):
 def _axis_range(size, b, e, s, bmask, emask, shrink):
     """(begin, end, stride) of one axis in Kiln's ``slice`` form (range(begin, end, stride)),
     TFLite's StartForAxis / StopForAxis: negative indices count from the end, then clamp."""
-    if shrink:
-        b = b + size if b < 0 else b
+    if shrink:     # TFLite applies begin_mask before shrinking (TensorFlow ignores it there)
+        b = 0 if bmask else (b + size if b < 0 else b)
         return (b, b + 1, 1) if 0 <= b < size else None
     lo, hi = (0, size) if s > 0 else (-1, size - 1)
     if bmask:
@@ -220,12 +220,15 @@ def _tfl_export_slice(e, n, act, out, int8):
     it = e.g.types[n.inputs[0]]
     nd = len(it.shape)
     st = list(n.attrs["strides"] or [1] * nd)
-    end = list(n.attrs["end"])
+    begin, end = list(n.attrs["begin"]), list(n.attrs["end"])
+    for d in range(nd):
+        if not len(range(begin[d], end[d], st[d])):
+            begin[d], end[d], st[d] = 0, 0, 1           # empty: TFLite would read begin -1 as the last index
     # a negative stride's end -1 ("down to index 0") would read as "the last index": use end_mask
     end_mask = sum(1 << d for d in range(nd) if st[d] < 0 and end[d] == -1)
     end = [0 if end_mask >> d & 1 else v for d, v in enumerate(end)]
     ins = [e.value(n.inputs[0])] + [e.const(f"{out}/{w}", np.asarray(v, np.int32))
-                                    for w, v in (("begin", n.attrs["begin"]), ("end", end), ("strides", st))]
+                                    for w, v in (("begin", begin), ("end", end), ("strides", st))]
     e.op("STRIDED_SLICE", ins, [e.tensor(out, e.g.types[out])], "StridedSliceOptions", int8, BeginMask=0,
          EndMask=end_mask, EllipsisMask=0, NewAxisMask=0, ShrinkAxisMask=0)
 

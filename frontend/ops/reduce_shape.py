@@ -699,8 +699,9 @@ def _tfl_export_concat(e, n, act, out, int8):
 @tfl.exporter("reshape")
 def _tfl_export_reshape(e, n, act, out, int8):
     xs, ot, y = _export_io(e, n, out)
-    shp = e.const(out + "/shape", np.asarray(ot.shape, np.int32))
-    e.op("RESHAPE", xs + [shp], [y], "ReshapeOptions", int8, NewShape=list(ot.shape))
+    # a scalar's shape tensor would be empty (no buffer data): new_shape alone says it
+    shp = [e.const(out + "/shape", np.asarray(ot.shape, np.int32))] if ot.shape else []
+    e.op("RESHAPE", xs + shp, [y], "ReshapeOptions", int8, NewShape=list(ot.shape))
 
 
 @tfl.exporter("softmax", versions={"SOFTMAX": 2})
