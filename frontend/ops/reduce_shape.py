@@ -78,12 +78,12 @@ def _max_vjp(n, xs, y, gy):
 
 
 register("sum", attrs=_RED, infer=_red_infer("sum"), ref=_sum_ref,
-         vjp=lambda n, xs, y, gy: [_expand_back(gy, xs[0], n.attrs)], props={REDUCTION}, arity=1,
-         doc="sum over axes (None: all)")
+         vjp=lambda n, xs, y, gy: [_expand_back(gy, xs[0], n.attrs)], props={REDUCTION, QUANTIZABLE}, arity=1,
+         doc="sum over axes (None: all)", quant=Quant())
 register("mean", attrs=_RED, infer=_red_infer("mean"), ref=_mean_ref, vjp=_mean_vjp,
          props={REDUCTION, QUANTIZABLE}, arity=1, doc="mean over axes (None: all)", quant=Quant())
-register("max", attrs=_RED, infer=_red_infer("max"), ref=_max_ref, vjp=_max_vjp, props={REDUCTION}, arity=1,
-         doc="max over axes; ties share the gradient equally (torch.amax)")
+register("max", attrs=_RED, infer=_red_infer("max"), ref=_max_ref, vjp=_max_vjp, props={REDUCTION, QUANTIZABLE},
+         arity=1, doc="max over axes; ties share the gradient equally (torch.amax)", quant=SAME_AS_INPUT)
 
 
 def _te_reduce(T, x, axes, keepdims, kind, name):
