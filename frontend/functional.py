@@ -349,3 +349,22 @@ def leaky_relu(x, alpha=0.2):
 def add_n(xs):
     """x0 + x1 + ... of same-shaped tensors (TFLite ADD_N)."""
     return emit("add_n", list(xs))
+
+
+# ---- data movement and reductions (frontend/ops: gather.py, resize.py, reductions.py) -------
+def min(x, axis=None, keepdims=False):
+    return reduce("min", x, axis, keepdims)
+
+
+def gather(x, indices, axis=0):
+    """``np.take(x, indices, axis)``: ``indices`` an int32 tensor or array (TFLite GATHER)."""
+    if not isinstance(indices, Tensor):
+        indices = np.asarray(indices, np.int32)
+    return emit("gather", [x, indices], axis=int(axis))
+
+
+def resize(x, size, mode="nearest", align_corners=False, half_pixel_centers=False):
+    """Resize an NHWC image to ``size = (height, width)``: mode 'nearest' or 'bilinear', with
+    TFLite's align_corners / half_pixel_centers (RESIZE_NEAREST_NEIGHBOR, RESIZE_BILINEAR)."""
+    return emit("resize", [x], size=[int(s) for s in size], mode=mode, align_corners=bool(align_corners),
+                half_pixel_centers=bool(half_pixel_centers))
