@@ -67,6 +67,7 @@ def _grad_ref(xs, a):
 
 register("gather_grad", attrs={"shape": Attr("ints", ()), "axis": Attr("int", 0)},
          infer=lambda ts, a: tt(a["shape"], ts[0].dtype), ref=_grad_ref, arity=2,
+         vjp=lambda n, xs, y, gy: [F.gather(gy, xs[1], n.attrs["axis"]), None],
          doc="scatter-add a gather's output gradient back onto x's shape")
 
 

@@ -134,6 +134,7 @@ def _grad_ref(xs, a):
 
 register("resize_grad", attrs=dict(_ATTRS, in_size=Attr("ints", ())),
          infer=lambda ts, a: tt((ts[0].shape[0], *a["in_size"], ts[0].shape[3]), ts[0].dtype), ref=_grad_ref,
+         vjp=lambda n, xs, y, gy: [F.emit("resize", [gy], **{k: v for k, v in n.attrs.items() if k != "in_size"})],
          arity=1, doc="gradient of resize with respect to its input (the transpose of the linear map)")
 
 
