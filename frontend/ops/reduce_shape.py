@@ -712,14 +712,22 @@ def _tfl_export_softmax(e, n, act, out, int8):
     e.op("SOFTMAX", xs, [y], "SoftmaxOptions", int8, Beta=1.0)
 
 
-@tfl.exporter("pad", versions={"PAD": 2})
+@tfl.exporter("pad", versions={"PAD": 2, "PADV2": 2})
 def _tfl_export_pad(e, n, act, out, int8):
     xs, ot, y = _export_io(e, n, out)
     it = e.g.types[n.inputs[0]]
-    if n.attrs["value"] != 0.0:
-        raise tfl.ExportError(f"node {n.name!r}: only zero padding exports (TFLite PAD)")
     p = np.asarray(n.attrs["pads"], np.int32).reshape(len(it.shape), 2)
-    e.op("PAD", xs + [e.const(out + "/paddings", p)], [y], "PadOptions", int8)
+    if n.attrs["value"] == 0.0:
+        e.op("PAD", xs + [e.const(out + "/paddings", p)], [y], "PadOptions", int8)
+        return
+    # PADV2: the fill value as a scalar of the input's type (int8: quantised with its parameters)
+    if it.quant is not None:
+        q = it.quant
+        v = np.asarray(np.clip(fp.quantize_value(n.attrs["value"], q.scale[0], q.zero_point[0]), -128, 127), np.int8)
+        cv = e.const(out + "/constant_values", v, q)
+    else:
+        cv = e.const(out + "/constant_values", np.asarray(n.attrs["value"], it.dtype))
+    e.op("PADV2", xs + [e.const(out + "/paddings", p), cv], [y], "PadV2Options", int8)
 
 
 @tfl.exporter("mean", versions={"MEAN": 2})
