@@ -119,3 +119,14 @@ def _raw_reduce(k, node, xs):
 
 lower_rule("max")(_raw_reduce)
 lower_rule("min")(_raw_reduce)
+
+
+@lower_rule("argmax")
+def lower_argmax(k, node, xs):
+    """int8 argmax/argmin compare raw values (the op's TE compute); the output is an int32 index."""
+    if k.type(node.inputs[0]).quant is None:
+        return None
+    return get_op(node.op).te(T, xs, node.attrs, k.type(node.name))
+
+
+lower_rule("argmin")(lower_argmax)

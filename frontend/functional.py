@@ -368,3 +368,18 @@ def resize(x, size, mode="nearest", align_corners=False, half_pixel_centers=Fals
     TFLite's align_corners / half_pixel_centers (RESIZE_NEAREST_NEIGHBOR, RESIZE_BILINEAR)."""
     return emit("resize", [x], size=[int(s) for s in size], mode=mode, align_corners=bool(align_corners),
                 half_pixel_centers=bool(half_pixel_centers))
+
+
+def argmax(x, axis=-1, dtype="int32"):
+    """Index of the first largest value along ``axis`` (TFLite ARG_MAX)."""
+    return emit("argmax", [x], axis=int(axis), dtype=dtype)
+
+
+def argmin(x, axis=-1, dtype="int32"):
+    """Index of the first smallest value along ``axis`` (TFLite ARG_MIN)."""
+    return emit("argmin", [x], axis=int(axis), dtype=dtype)
+
+
+def cumsum(x, axis=0, exclusive=False, reverse=False):
+    """Cumulative sum along ``axis`` (TFLite CUMSUM)."""
+    return emit("cumsum", [x], axis=int(axis), exclusive=bool(exclusive), reverse=bool(reverse))
