@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from kiln.frontend.ops import _te as T
 from kiln.frontend.ops import norm_axes
+from kiln.frontend.ops import te_helpers as T
 from kiln.frontend.ops.resize import bilinear_int
 from kiln.frontend.registry import get_op
 
