@@ -8,10 +8,12 @@ from tvm import te, tirx
 
 from kiln.frontend.ops import norm_axes
 from kiln.frontend.ops import te_helpers as T
+from kiln.frontend.ops.l2norm import OUTPUT_SHIFT
 from kiln.frontend.ops.resize import bilinear_int
 from kiln.frontend.registry import get_op
 
-from .lower import lower_rule
+from . import gemmlowp, qmath
+from .lower import decompose_reductions, lower_rule
 from .qmath import c
 
 F32 = "float32"
@@ -130,3 +132,69 @@ def lower_argmax(k, node, xs):
 
 
 lower_rule("argmin")(lower_argmax)
+
+
+# ---- int8 l2_normalize: reference_integer_ops::L2Normalization ------------------------------------
+def _srmbpot(x, e):
+    return gemmlowp.srmbpot_tir(x, e)
+
+
+def _newton_step(xp, half):
+    """x = Rescale<3>(3/2 x - (input/2) Rescale<3>(x^3)) in gemmlowp's F3 format."""
+    def step(*i):
+        x3 = _srmbpot(qmath.srdhm(qmath.srdhm(xp(*i), xp(*i)), xp(*i)), 6)
+        return _srmbpot(qmath.srdhm(c((1 << 28) + (1 << 27)), xp(*i)) - qmath.srdhm(half(*i), x3), 3)
+    return step
+
+
+@lower_rule("l2_normalize")
+def lower_l2_normalize(k, node, xs):
+    """Per row: the int32 sum of squares, GetInvSqrtQuantizedMultiplierExp as small per-row
+    stages (normalisation by even shifts, five F3 Newton-Raphson steps), then each element's
+    MultiplyByQuantizedMultiplier by the row's multiplier and shift + 7."""
+    tx, ty = k.type(node.inputs[0]), k.type(node.name)
+    if tx.quant is None:
+        return None                          # float: the op's TE compute
+    if ty.quant is None or ty.quant.zero_point[0] != 0 or abs(ty.quant.scale[0] - 1 / 128) > 1e-9:
+        k.fail(f"int8 l2_normalize needs output scale 1/128 and zero point 0 (TFLite), got {ty}")
+    x = xs[0]
+    zi = int(tx.quant.zero_point[0])
+    shape = tuple(tx.shape)
+    R, D = shape[:-1] or (1,), shape[-1]
+    d = len(shape) - 1
+
+    def row(i):
+        return tuple(i) if d else ()
+    r = te.reduce_axis((0, D), "r")
+
+    def sq(i, j):
+        v = x[row(i) + (j,)].astype("int32") - c(zi)
+        return v * v
+    acc = te.compute(R, lambda *i: te.sum(sq(i, r), axis=r), name="l2_acc")
+    # input <= 1: multiplier INT32_MAX, shift 0; else normalise into [2^27, 2^29) by bit pairs
+    v0 = te.compute(R, lambda *i: tirx.max(acc(*i), c(2)), name="l2_v0")
+    big = te.compute(R, lambda *i: tirx.Select(v0(*i) >= c(1 << 29), c(1), c(0)), name="l2_big")
+    v1 = te.compute(R, lambda *i: tirx.Select(big(*i) == c(1), tirx.truncdiv(v0(*i), c(4)), v0(*i)), name="l2_v1")
+    pairs = te.compute(R, lambda *i: tirx.truncdiv(gemmlowp.clz_positive(v1(*i)) - c(1), c(2)) - c(1),
+                       name="l2_pairs")
+    half = te.compute(R, lambda *i: qmath.rdbpot((v1(*i) << (pairs(*i) * c(2))) >> c(1), 1), name="l2_half")
+    xn = te.compute(R, lambda *i: c(1 << 28), name="l2_x0")
+    for it in range(5):
+        xn = te.compute(R, _newton_step(xn, half), name=f"l2_x{it + 1}")
+    # right shift s = 11 + big - pairs; s < 0 shifts the multiplier left instead
+    mult = te.compute(R, lambda *i: tirx.Select(acc(*i) <= c(1), c(2 ** 31 - 1), qmath.let(
+        "ls", c(11) + big(*i) - pairs(*i), lambda s: tirx.Select(
+            s < c(0), qmath.srdhm(xn(*i), c(1518500250)) << (c(0) - s), qmath.srdhm(xn(*i), c(1518500250))))),
+        name="l2_mult")
+    rshift = te.compute(R, lambda *i: tirx.Select(acc(*i) <= c(1), c(0),
+                                                  tirx.max(c(11) + big(*i) - pairs(*i), c(0))), name="l2_rshift")
+    k.schedule(lambda sch, out_block: decompose_reductions(sch))
+
+    def body(*i):
+        ri = row(i[:-1]) or (0,)
+        v = x[i].astype("int32") - c(zi)
+        total = c(OUTPUT_SHIFT) - rshift[ri]          # MultiplyByQuantizedMultiplier's shift
+        left = tirx.max(total, c(0))
+        right = tirx.max(c(0) - total, c(0))
+        return qmath.clamp(qmath.mbqm(v, mult[ri], (left, right)), -128, 127).astype("int8")
+    return te.compute(shape, body, name="l2_normalize")

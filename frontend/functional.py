@@ -383,3 +383,8 @@ def argmin(x, axis=-1, dtype="int32"):
 def cumsum(x, axis=0, exclusive=False, reverse=False):
     """Cumulative sum along ``axis`` (TFLite CUMSUM)."""
     return emit("cumsum", [x], axis=int(axis), exclusive=bool(exclusive), reverse=bool(reverse))
+
+
+def l2_normalize(x):
+    """x / max(||x||, 1e-6) along the last axis (TFLite L2_NORMALIZATION)."""
+    return emit("l2_normalize", [x])

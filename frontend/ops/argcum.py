@@ -1,8 +1,8 @@
 """``argmax`` / ``argmin`` (TFLite ARG_MAX / ARG_MIN: the first index of the extreme value along
 one axis, int32 or int64; int8 inputs compare their raw values, which orders them as the real
 values since the scale is positive) and ``cumsum`` (TFLite CUMSUM: float32 / int32, exclusive and
-reverse). Also the float imports of LOG_SOFTMAX and L2_NORMALIZATION (the int8 kernels of those
-two are not imported: Kiln refuses them with a named reason).
+reverse). Also the float import of LOG_SOFTMAX (its int8 kernel is not implemented: Kiln refuses
+it with a named reason).
 """
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ from .. import functional as F
 from .. import tflite_checks as chk
 from ..errors import ShapeError
 from ..registry import NONDIFF, QUANTIZABLE, REDUCTION, Attr, defrule, register
-from ..types import TensorType
 from . import reduce_shape  # noqa: F401  (registers log_softmax, sum first)
 from . import tflite_util as tfl
 from ._util import tt
 
-chk.VERSIONS.update({"ARG_MAX": 3, "ARG_MIN": 3, "CUMSUM": 1, "LOG_SOFTMAX": 2, "L2_NORMALIZATION": 2})
+chk.VERSIONS.update({"ARG_MAX": 3, "ARG_MIN": 3, "CUMSUM": 1, "LOG_SOFTMAX": 2})
 _ARG = {"axis": Attr("int", -1), "dtype": Attr("str", "int32", ("int32", "int64"))}
 
 
@@ -190,32 +189,3 @@ def _tfl_export_log_softmax(e, n, act, out, int8):
     if int8 or n.attrs["axis"] % len(ot.shape) != len(ot.shape) - 1:
         raise tfl.ExportError(f"node {n.name!r}: LOG_SOFTMAX exports float32 on the last axis")
     e.op("LOG_SOFTMAX", [e.value(n.inputs[0])], [e.tensor(out, ot)], "LogSoftmaxOptions", False)
-
-
-L2_EPSILON = 1e-6     # reference_ops::L2Normalization's floor on the norm
-
-
-@tfl.importer("L2_NORMALIZATION")
-def _tfl_l2_normalization(imp, k, op, ins, out):
-    """x / max(sqrt(sum(x^2, last axis)), 1e-6), as mul, sum, sqrt, maximum and div nodes."""
-    name = "L2_NORMALIZATION"
-    tfl.need(imp, k, name, ins, 1)
-    o = tfl.options(imp, k, op, name, "L2NormOptions")
-    if o is not None and int(o.FusedActivationFunction()) != 0:
-        raise imp.err(f"{tfl.where(k, name)}: fused_activation_function is out of range: allowed NONE")
-    x = imp.operand(ins[0], k, name)
-    _float_only(imp, k, name, x)
-    shape = imp.g.types[x].shape
-    base = imp.tensors[out]["name"]
-    red = tuple(shape[:-1]) + (1,)
-
-    def node(op_, ins_, attrs, shp, tag):
-        return imp.emit(k, name, op_, ins_, attrs, out, name=imp._vname(f"{base}_{tag}"),
-                        out_type=TensorType(shp, "float32"))
-    sq = node("mul", [x, x], {}, shape, "sq")
-    s = node("sum", [sq], {"axes": [len(shape) - 1], "keepdims": True}, red, "sumsq")
-    nrm = node("sqrt", [s], {}, red, "norm")
-    eps = imp._vname(f"{base}_eps")
-    imp.g.add_const(eps, np.asarray([L2_EPSILON], np.float32))
-    den = node("maximum", [nrm, eps], {}, red, "den")
-    imp.values[out] = imp.emit(k, name, "div", [x, den], {}, out)

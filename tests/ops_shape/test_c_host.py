@@ -47,6 +47,10 @@ def _graph(dtype):
     for k, (op, axis) in enumerate([("argmax", 1), ("argmin", -1), ("argmax", 3)]):
         shape = tuple(n for i, n in enumerate(X) if i != axis % 4)
         outs.append(g.add_node(op, ["x"], {"axis": axis}, name=f"{op}_a{k}", out_type=TensorType(shape, "int32")))
+    lq = q(1.0 / 128, 0) if dtype == "int8" else None
+    outs.append(g.add_node("l2_normalize", ["x"], {}, name="l2", out_type=TensorType(X, dtype, lq)))
+    g.add_const("zeros", np.zeros((2, 4), dtype), xq)
+    outs.append(g.add_node("l2_normalize", ["zeros"], {}, name="l2_zero", out_type=TensorType((2, 4), dtype, lq)))
     if dtype == "float32":
         outs.append(g.add_node("cumsum", ["x"], {"axis": 2, "reverse": True}, name="cumsum"))
         outs.append(g.add_node("cumsum", ["x"], {"axis": 0, "exclusive": True}, name="cumsum_x"))
@@ -71,3 +75,24 @@ def test_shape_ops_on_the_host(dtype, tmp_path):
                 np.testing.assert_array_equal(gt, w, err_msg=name)
             else:
                 np.testing.assert_allclose(gt, w, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_int8_l2_normalize_rows_on_the_host(tmp_path):
+    """Rows from all-zero (sum <= 1) and one-hot to long full-range rows (sums near 2^24, or
+    past 2^29 with 9000 elements, where the kernel divides by 4 first)."""
+    g = Graph("l2")
+    for name, shape, zp in (("a", (8, 5), 0), ("b", (3, 300), -128), ("c", (1, 9000), -128)):
+        g.add_input(name, TensorType(shape, "int8", q(0.02, zp)))
+        g.add_node("l2_normalize", [name], {}, name=f"y_{name}", out_type=TensorType(shape, "int8", q(1 / 128, 0)))
+    g.outputs = ["y_a", "y_b", "y_c"]
+    pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
+    a = np.zeros((8, 5), np.int8)
+    a[1, 2], a[2, :] = 1, -1
+    a[3:] = RNG.integers(-128, 128, (5, 5))
+    b = RNG.integers(-128, 128, (3, 300)).astype(np.int8)
+    b[0] = 127
+    c = np.full((1, 9000), 127, np.int8)
+    feeds = [a, b, c]
+    assert int(((c.astype(np.int64) + 128) ** 2).sum()) >= 1 << 29
+    for name, w, gt in zip(g.outputs, run(g, *feeds), pkg.run(*feeds)):
+        np.testing.assert_array_equal(gt, w, err_msg=name)

@@ -28,6 +28,7 @@ def _graph(op, attrs, shape, const=None):
     ("min", dict(axes=[1], keepdims=False), (3, 4), None),
     ("slice", dict(begin=[2, 3], end=[-1, 0], strides=[-1, -2]), (3, 5), None),
     ("cumsum", dict(axis=1, exclusive=True), (2, 4), None),
+    ("l2_normalize", {}, (3, 4), None),
     ("cumsum", dict(axis=0, reverse=True), (3, 2), None),
 ])
 def test_grads(op, attrs, shape, const):

@@ -1,5 +1,5 @@
-"""ARG_MAX / ARG_MIN (int8 and float, int32 and int64 indices, ties), CUMSUM, LOG_SOFTMAX and
-L2_NORMALIZATION (float) against LiteRT's reference kernels."""
+"""ARG_MAX / ARG_MIN (int8 and float, int32 and int64 indices, ties), CUMSUM and LOG_SOFTMAX
+(float), L2_NORMALIZATION (float and int8) against LiteRT's reference kernels."""
 import os
 
 import numpy as np
@@ -52,9 +52,8 @@ def test_log_softmax_and_l2_normalization(shape, seed):
     check(one_op("LOG_SOFTMAX", shape, "float32", None, [], [shape], "LogSoftmaxOptions"), [x], "LOG_SOFTMAX",
           exact=False)
     check(one_op("L2_NORMALIZATION", shape, "float32", None, [], [shape], "L2NormOptions"), [x * 1e-7], "L2 tiny",
-          exact=False, round_trip=False)        # (sqrt, maximum and div have no exporter yet)
-    check(one_op("L2_NORMALIZATION", shape, "float32", None, [], [shape], "L2NormOptions"), [x], "L2", exact=False,
-          round_trip=False)
+          exact=False)
+    check(one_op("L2_NORMALIZATION", shape, "float32", None, [], [shape], "L2NormOptions"), [x], "L2", exact=False)
 
 
 def test_int8_log_softmax_is_refused_with_the_reason():
@@ -62,3 +61,27 @@ def test_int8_log_softmax_is_refused_with_the_reason():
     with pytest.raises(TFLiteImportError, match=r"operator 0 \(LOG_SOFTMAX\): input .* is int8; Kiln imports the "
                                                 r"float32 LOG_SOFTMAX"):
         load_tflite(buf)
+
+
+@settings(**SETTINGS)
+@given(shape=shapes, in_s=st.floats(1e-3, 1.0), zin=st.integers(-128, 127), spread=st.integers(0, 128),
+       seed=st.integers(0, 2 ** 31))
+def test_l2_normalization_int8(shape, in_s, zin, spread, seed):
+    """reference_integer_ops::L2Normalization bit for bit, rows from all-zero (the sum <= 1 case)
+    to the full int8 range."""
+    rng = np.random.default_rng(seed)
+    x = np.clip(zin + rng.integers(-spread, spread + 1, size=shape), -128, 127).astype(np.int8)
+    buf = one_op("L2_NORMALIZATION", shape, "int8", (in_s, zin), [], [shape], "L2NormOptions",
+                 out_q=(1.0 / 128, 0))
+    check(buf, [x], f"L2_NORMALIZATION int8 {shape} zp {zin} spread {spread}")
+
+
+@pytest.mark.parametrize("shape, zp", [((3, 300), -128), ((1, 9000), -128), ((2, 7), 5)])
+def test_l2_normalization_int8_large_sums(shape, zp):
+    """Sums of squares near 2^24 and past 2^29 (the kernel's divide-by-4 branch)."""
+    rng = np.random.default_rng(len(shape) + shape[-1])
+    x = rng.integers(-128, 128, size=shape).astype(np.int8)
+    x[0] = 127
+    buf = one_op("L2_NORMALIZATION", list(shape), "int8", (0.02, zp), [], [list(shape)], "L2NormOptions",
+                 out_q=(1.0 / 128, 0))
+    check(buf, [x], f"L2_NORMALIZATION int8 {shape}")
