@@ -205,7 +205,7 @@ def _resize_grad_te(T, xs, a, out):
         return (T.tirx.Select(lo == h, T.c(1.0, f32) - d, T.c(0.0, f32))
                 + T.tirx.Select(hi == h, d, T.c(0.0, f32)))
     return T.te.compute(out.shape, lambda b, h, w, c: T.cast(T.te.sum(
-        T.cast(g(b, ro, rp, c), f32) * weight(ro, h, H, OH) * weight(rp, w, W, OW), axis=[ro, rp]), out.dtype),
+        T.cast(g(b, ro, rp, c), f32) * weight(ro.var, h, H, OH) * weight(rp.var, w, W, OW), axis=[ro, rp]), out.dtype),
         name="resize_grad")
 
 
