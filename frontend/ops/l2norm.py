@@ -35,9 +35,10 @@ def _infer(ts, a):
 
 
 def _ref(xs, a):
-    x = xs[0].astype(np.float32)
-    n = np.sqrt(np.sum(x * x, axis=-1, keepdims=True, dtype=np.float32))
-    return (x / np.maximum(n, np.float32(EPSILON))).astype(xs[0].dtype)
+    dt = np.float64 if xs[0].dtype == np.float64 else np.float32
+    x = xs[0].astype(dt)
+    n = np.sqrt(np.sum(x * x, axis=-1, keepdims=True, dtype=dt))
+    return (x / np.maximum(n, dt(EPSILON))).astype(xs[0].dtype)
 
 
 def _vjp(n, xs, y, gy):

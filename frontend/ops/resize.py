@@ -90,10 +90,11 @@ def _ref(xs, a):
         return x[:, nearest_index(H, oh, ac, hp)][:, :, nearest_index(W, ow, ac, hp)].copy()
     vy, y0, y1 = bilinear_float(H, oh, ac, hp)
     vx, x0, x1 = bilinear_float(W, ow, ac, hp)
-    one = np.float32(1)
-    dy = (vy - y0.astype(np.float32))[None, :, None, None]
-    dx = (vx - x0.astype(np.float32))[None, None, :, None]
-    x = x.astype(np.float32)
+    dt = np.float64 if x.dtype == np.float64 else np.float32      # positions in float32 as TFLite
+    one = dt(1)
+    dy = (vy - y0.astype(np.float32)).astype(dt)[None, :, None, None]
+    dx = (vx - x0.astype(np.float32)).astype(dt)[None, None, :, None]
+    x = x.astype(dt)
 
     def at(yi, xi):
         return x[:, yi][:, :, xi]
