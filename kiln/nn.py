@@ -10,6 +10,7 @@ from kiln.frontend.module import (  # noqa: F401
                                   Conv1d,
                                   Conv2d,
                                   Dropout,
+                                  Embedding,
                                   Flatten,
                                   GlobalAvgPool,
                                   Hardswish,
@@ -22,6 +23,7 @@ from kiln.frontend.module import (  # noqa: F401
                                   ReLU,
                                   ReLU6,
                                   Sequential,
+                                  Upsample,
                                   eager,
                                   manual_seed,
 )

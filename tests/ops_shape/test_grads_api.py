@@ -52,3 +52,23 @@ def test_functional_api_traced_and_eager():
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-6)
     assert [n.op for n in g.nodes] == ["resize", "gather", "min", "transpose", "slice"]
+
+
+def test_upsample_and_embedding_modules():
+    """kiln.nn.Upsample follows PyTorch's align_corners convention; Embedding gathers rows."""
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(2).standard_normal((1, 3, 4, 2)).astype(np.float32)
+    for kw in (dict(scale_factor=2, mode="bilinear"), dict(size=(5, 7), mode="bilinear", align_corners=True),
+               dict(scale_factor=2, mode="nearest")):
+        m = kiln.nn.Upsample(**kw)
+        with F.eager():
+            got = m(x)
+        tkw = {k: v for k, v in kw.items() if k != "mode"}
+        want = torch.nn.functional.interpolate(torch.tensor(x).permute(0, 3, 1, 2), mode=kw["mode"], **tkw)
+        np.testing.assert_allclose(got, want.permute(0, 2, 3, 1).numpy(), rtol=1e-5, atol=1e-6, err_msg=str(kw))
+    emb = kiln.nn.Embedding(6, 3)
+    ids = np.asarray([[5, 0], [2, 2]], np.int32)
+    with F.eager():
+        np.testing.assert_array_equal(emb(ids), emb.weight.data[ids])
+    with pytest.raises(kiln.KilnError, match="exactly one of size and scale_factor"):
+        kiln.nn.Upsample()
