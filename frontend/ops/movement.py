@@ -102,6 +102,8 @@ def _dense_spec(shape, n, ellipsis_mask, new_axis_mask):
     for i in range(n):
         if ellipsis_mask >> i & 1 and not seen_ellipsis:
             seen_ellipsis = True
+            if nd - consumed < 1 and i < n - 1:
+                return None, "the ellipsis covers no axis (LiteRT's kernel and TensorFlow disagree there)"
             for _ in range(nd - consumed):
                 entries.append(("ellipsis", None, axis))
                 axis += 1

@@ -195,3 +195,37 @@ def test_resize(n, h, w, c, oh, ow, mode, flags, dtype, qp, seed):
                  AlignCorners=flags[0], HalfPixelCenters=flags[1])
     check(buf, [feed(np.random.default_rng(seed), [n, h, w, c], dtype)], f"{name} {h}x{w}->{oh}x{ow} {flags}",
           exact=dtype == "int8" or mode == "nearest")
+
+
+@settings(**SETTINGS)
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=4), dtype=DT, data=st.data(),
+       seed=st.integers(0, 2 ** 31))
+def test_strided_slice_ellipsis_and_new_axis(shape, dtype, data, seed):
+    """Random specs with an ellipsis and new axes besides begin/end/shrink masks (TensorFlow's
+    dense spec, which LiteRT's kernel implements)."""
+    n = data.draw(st.integers(1, len(shape) + 2))
+    ell = data.draw(st.integers(-1, n - 1))
+    elm = 0 if ell < 0 else 1 << ell
+    nam = data.draw(st.integers(0, 2 ** n - 1)) & ~elm
+    real = [i for i in range(n) if not (elm >> i & 1) and not (nam >> i & 1)]
+    if len(real) > len(shape) or (len(shape) + (n - len(real)) - (1 if elm else 0) - 0) > 5 + 3:
+        return
+    dims = {}
+    ax = 0
+    for i in range(n):                       # the input axis each real entry reads (for its ranges)
+        if elm >> i & 1:
+            ax += len(shape) - len(real)
+        elif i in real:
+            dims[i] = shape[ax]
+            ax += 1
+    spec = [_entry(data.draw, dims.get(i, 1)) for i in range(n)]
+    bm, em, sm = (data.draw(st.integers(0, 2 ** n - 1)) for _ in range(3))
+    b, e, s = ([t[j] for t in spec] for j in range(3))
+    plan, why = strided_slice_plan(shape, b, e, s, bm, em, elm, nam, sm)
+    if plan is None or len(plan[3]) > 5:
+        return
+    consts = [(w, np.asarray(v, np.int32)) for w, v in (("begin", b), ("end", e), ("strides", s))]
+    buf = one_op("STRIDED_SLICE", shape, dtype, (0.1, 3), consts, [plan[3]], "StridedSliceOptions",
+                 BeginMask=bm, EndMask=em, EllipsisMask=elm, NewAxisMask=nam, ShrinkAxisMask=sm)
+    check(buf, [feed(np.random.default_rng(seed), shape, dtype)],
+          f"STRIDED_SLICE {shape} {spec} masks b{bm} e{em} ell{elm} new{nam} shrink{sm}")
