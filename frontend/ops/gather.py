@@ -127,9 +127,10 @@ def _emit(imp, k, name, x, i, axis, out):
     n = xt.shape[axis]
     data = imp.tensors[i]["data"]
     if data is not None:
-        bad = [int(v) for v in np.asarray(data).ravel() if not 0 <= v < n]
-        if bad:
-            raise imp.err(f"{tfl.where(k, name)}: index {bad[0]} in {imp.label(i)} is out of range: allowed "
+        flat = np.asarray(data).ravel()
+        bad = flat[(flat < 0) | (flat >= n)]
+        if bad.size:
+            raise imp.err(f"{tfl.where(k, name)}: index {int(bad[0])} in {imp.label(i)} is out of range: allowed "
                           f"0..{n - 1} (axis {axis})")
     if xt.dtype == "int8":
         chk.same_quant(imp.err, tfl.where(k, name), xt.quant, imp.tensors[out]["quant"], "the input's")

@@ -353,6 +353,9 @@ def _tfl_fill(imp, k, op, ins, out):
     value = np.asarray(imp.const(ins[1], k, name, "value")).ravel()
     if value.size != 1 or any(d < 0 for d in dims):
         raise _err(imp, k, name, f"dims {dims} must be >= 0 and value a scalar")
+    if list(dims) != list(imp.tensors[out]["shape"]):       # (before allocating anything)
+        raise _err(imp, k, name, f"output {imp.label(out)} has shape {list(imp.tensors[out]['shape'])}, dims say "
+                                 f"{dims}")
     _fold(imp, k, name, out, np.full(dims, value[0]))
 
 
