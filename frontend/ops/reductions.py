@@ -28,7 +28,11 @@ def _min_ref(xs, a):
     return np.min(xs[0], axis=rs._axes(a, xs[0]), keepdims=a["keepdims"])
 
 
-register("min", attrs=rs._RED, infer=rs._red_infer("min"), ref=_min_ref, vjp=rs._max_vjp,
+def _min_infer(ts, a):
+    return rs._red_infer("min")(ts, a)
+
+
+register("min", attrs=rs._RED, infer=_min_infer, ref=_min_ref, vjp=rs._max_vjp,
          props={REDUCTION, QUANTIZABLE}, arity=1, doc="min over axes; ties share the gradient equally (torch.amin)",
          quant=SAME_AS_INPUT)
 
