@@ -16,7 +16,7 @@ from . import reduce_shape  # noqa: F401  (registers log_softmax, sum first)
 from . import tflite_util as tfl
 from ._util import tt
 
-chk.VERSIONS.update({"ARG_MAX": 3, "ARG_MIN": 3, "CUMSUM": 1, "LOG_SOFTMAX": 2})
+chk.VERSIONS.update({"ARG_MAX": 2, "ARG_MIN": 2, "CUMSUM": 1, "LOG_SOFTMAX": 2})
 _ARG = {"axis": Attr("int", -1), "dtype": Attr("str", "int32", ("int32", "int64"))}
 
 

@@ -16,7 +16,7 @@ from . import tflite_util as tfl
 from ._util import tt
 from .int8util import need_int8, same_quant
 
-chk.VERSIONS.update({"GATHER": 7, "EMBEDDING_LOOKUP": 4})
+chk.VERSIONS.update({"GATHER": 8, "EMBEDDING_LOOKUP": 5})
 
 
 def _axis(a, nd, name="gather"):

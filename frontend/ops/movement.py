@@ -14,8 +14,8 @@ from . import tflite_util as tfl
 
 MAX_RANK = 5   # TFLite's STRIDED_SLICE, SLICE, TRANSPOSE (reference kernels) handle up to rank 5
 # op versions LiteRT's reference resolver registers (register_ref.cc) for the builtins below
-chk.VERSIONS.update({"TRANSPOSE": 6, "STRIDED_SLICE": 8, "SLICE": 6, "SQUEEZE": 2, "EXPAND_DIMS": 1, "SPLIT": 4,
-                     "SPLIT_V": 2, "PACK": 4, "UNPACK": 4})
+chk.VERSIONS.update({"TRANSPOSE": 8, "STRIDED_SLICE": 4, "SLICE": 8, "SQUEEZE": 1, "EXPAND_DIMS": 1, "SPLIT": 5,
+                     "SPLIT_V": 3, "PACK": 5, "UNPACK": 6})
 
 
 def _same_quant(imp, k, name, x, out, what="the input's"):

@@ -22,9 +22,9 @@ from . import tflite_util as tfl
 from .int8util import need_int8, same_quant
 from .movement import _int_const, _rank_ok, _same_quant
 
-chk.VERSIONS.update({"CAST": 7, "REVERSE_V2": 3, "BROADCAST_TO": 3, "DEPTH_TO_SPACE": 2, "SPACE_TO_DEPTH": 2,
-                     "BATCH_TO_SPACE_ND": 4, "SPACE_TO_BATCH_ND": 4, "MIRROR_PAD": 3, "PADV2": 4, "GATHER_ND": 5,
-                     "SHAPE": 1, "FILL": 4, "ZEROS_LIKE": 1})
+chk.VERSIONS.update({"CAST": 9, "REVERSE_V2": 4, "BROADCAST_TO": 4, "DEPTH_TO_SPACE": 1, "SPACE_TO_DEPTH": 2,
+                     "BATCH_TO_SPACE_ND": 4, "SPACE_TO_BATCH_ND": 4, "MIRROR_PAD": 3, "PADV2": 6, "GATHER_ND": 6,
+                     "SHAPE": 1, "FILL": 5, "ZEROS_LIKE": 1})
 
 
 def chain(imp, k, name, x, steps, out):
