@@ -192,11 +192,12 @@ def lower_mean(k, node, xs):
 # ---- int8 data movement ---------------------------------------------------------------------
 @lower_rule("pad")
 def lower_pad(k, node, xs):
-    """int8 pads with the input's zero point (the real value 0), whatever the attribute says."""
+    """int8 pads with the quantised fill value (the zero point for 0.0), as the int8 reference."""
     tx = k.type(node.inputs[0])
     if tx.quant is None:
         return None                          # the op's TE compute, with its fill value
-    return lower_te(k, node, xs, dict(node.attrs, value=int(tx.quant.zero_point[0])))
+    fill = int(np.clip(fp.quantize_value(node.attrs["value"], tx.quant.scale[0], tx.quant.zero_point[0]), -128, 127))
+    return lower_te(k, node, xs, dict(node.attrs, value=fill))
 
 
 @lower_rule("concat")

@@ -372,3 +372,41 @@ def transpose_conv2d(x, w, output_shape, b=None, stride=1, padding="same", activ
     [C_out]; ``output_shape`` [N, H, W, C_out] is the size whose ``padding`` conv gives x's."""
     return emit("transpose_conv2d", [x, w] + ([b] if b is not None else []), output_shape=[int(v) for v in output_shape],
                 stride=_pair(stride), padding=padding, activation=activation)
+
+# ---- data movement and reductions (frontend/ops: gather.py, resize.py, reductions.py) -------
+def min(x, axis=None, keepdims=False):
+    return reduce("min", x, axis, keepdims)
+
+
+def gather(x, indices, axis=0):
+    """``np.take(x, indices, axis)``: ``indices`` an int32 tensor or array (TFLite GATHER)."""
+    if not isinstance(indices, Tensor):
+        indices = np.asarray(indices, np.int32)
+    return emit("gather", [x, indices], axis=int(axis))
+
+
+def resize(x, size, mode="nearest", align_corners=False, half_pixel_centers=False):
+    """Resize an NHWC image to ``size = (height, width)``: mode 'nearest' or 'bilinear', with
+    TFLite's align_corners / half_pixel_centers (RESIZE_NEAREST_NEIGHBOR, RESIZE_BILINEAR)."""
+    return emit("resize", [x], size=[int(s) for s in size], mode=mode, align_corners=bool(align_corners),
+                half_pixel_centers=bool(half_pixel_centers))
+
+
+def argmax(x, axis=-1, dtype="int32"):
+    """Index of the first largest value along ``axis`` (TFLite ARG_MAX)."""
+    return emit("argmax", [x], axis=int(axis), dtype=dtype)
+
+
+def argmin(x, axis=-1, dtype="int32"):
+    """Index of the first smallest value along ``axis`` (TFLite ARG_MIN)."""
+    return emit("argmin", [x], axis=int(axis), dtype=dtype)
+
+
+def cumsum(x, axis=0, exclusive=False, reverse=False):
+    """Cumulative sum along ``axis`` (TFLite CUMSUM)."""
+    return emit("cumsum", [x], axis=int(axis), exclusive=bool(exclusive), reverse=bool(reverse))
+
+
+def l2_normalize(x):
+    """x / max(||x||, 1e-6) along the last axis (TFLite L2_NORMALIZATION)."""
+    return emit("l2_normalize", [x])

@@ -176,6 +176,10 @@ class _Converter:
         """v as a ``dt`` value: as computed, or requantised from the type it was computed in."""
         if (v, dt) in self.env:
             return self.env[(v, dt)]
+        if v in self.tensors and v not in self.home and np.asarray(self.tensors[v]).dtype.kind in "iu":
+            if (v, "index") not in self.env:       # integer data (gather indices) stays as it is
+                self.env[(v, "index")] = self.q.add_const(self.q.fresh(v), np.asarray(self.tensors[v]))
+            return self.env[(v, "index")]
         if v in self.tensors and v not in self.home:
             return self.const(v, dt)
         if v not in self.home:

@@ -551,3 +551,44 @@ class GRU(Module):
 
     def extra_repr(self):
         return f"{self.input_size}, {self.hidden_size}"
+
+# ---- data movement (frontend/ops: resize.py, gather.py) ----------------------------------------------
+class Upsample(Module):
+    """Resize NHWC images to ``size`` (h, w) or by ``scale_factor``; ``mode`` 'nearest' or 'bilinear'.
+    Bilinear follows PyTorch: ``align_corners=False`` samples at half-pixel centres (TFLite's
+    half_pixel_centers), ``True`` aligns the corners. Exports as RESIZE_NEAREST_NEIGHBOR /
+    RESIZE_BILINEAR."""
+
+    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=False):
+        if (size is None) == (scale_factor is None):
+            raise KilnError("Upsample: give exactly one of size and scale_factor")
+        if mode not in ("nearest", "bilinear"):
+            raise KilnError(f"Upsample: mode must be 'nearest' or 'bilinear', got {mode!r}")
+        self.size, self.scale_factor, self.mode, self.align_corners = size, scale_factor, mode, bool(align_corners)
+
+    def forward(self, x):
+        if self.size is not None:
+            size = (self.size, self.size) if isinstance(self.size, int) else tuple(self.size)
+        else:
+            sf = self.scale_factor if isinstance(self.scale_factor, (tuple, list)) else (self.scale_factor,) * 2
+            size = (int(math.floor(x.shape[1] * sf[0])), int(math.floor(x.shape[2] * sf[1])))
+        bilinear = self.mode == "bilinear"
+        return F.resize(x, size, self.mode, align_corners=bilinear and self.align_corners,
+                        half_pixel_centers=bilinear and not self.align_corners)
+
+    def extra_repr(self):
+        return f"size={self.size}, scale_factor={self.scale_factor}, mode={self.mode!r}"
+
+
+class Embedding(Module):
+    """Rows of a [num_embeddings, embedding_dim] table at int32 indices (TFLite GATHER)."""
+
+    def __init__(self, num_embeddings, embedding_dim):
+        self.weight = Parameter(_rng.standard_normal((num_embeddings, embedding_dim)).astype(np.float32))
+        self.cfg = (num_embeddings, embedding_dim)
+
+    def forward(self, ids):
+        return F.gather(self.weight, ids, axis=0)
+
+    def extra_repr(self):
+        return f"{self.cfg[0]}, {self.cfg[1]}"

@@ -301,12 +301,15 @@ class _Importer:
             self.activation_type(i, "graph input")
             self.values[i] = self.g.add_input(self._vname(t["name"]), self._ttype(i))
         for k, (opname, op, oins, oouts) in enumerate(self.ops):
-            if len(oouts) != 1:
+            # converters marked multi_output (SPLIT, UNPACK) get the list of output tensors
+            multi = getattr(TFLITE_IMPORTERS[opname], "multi_output", False)
+            if len(oouts) != 1 and not (multi and oouts):
                 raise self.err(f"operator {k} ({opname}) has {len(oouts)} outputs; expected 1")
-            o = oouts[0]
-            if o in self.values or o in self.folded or self.tensors[o]["data"] is not None:
-                raise self.err(f"operator {k} ({opname}) writes {self.label(o)}, which already has a value "
-                               f"(a graph input, a constant or another operator's output)")
+            for o in oouts:
+                if o in self.values or o in self.folded or self.tensors[o]["data"] is not None or oouts.count(o) > 1:
+                    raise self.err(f"operator {k} ({opname}) writes {self.label(o)}, which already has a value "
+                                   f"(a graph input, a constant or another operator's output)")
+            o = oouts if multi else oouts[0]
             for i in oins:
                 if (i >= 0 and i not in self.values and i not in self.folded and self.tensors[i]["data"] is None
                         and not self.tensors[i]["variable"]):

@@ -12,6 +12,7 @@ from kiln.frontend.module import (  # noqa: F401
                                   Conv1d,
                                   Conv2d,
                                   Dropout,
+                                  Embedding,
                                   Flatten,
                                   GlobalAvgPool,
                                   Hardswish,
@@ -24,6 +25,7 @@ from kiln.frontend.module import (  # noqa: F401
                                   ReLU,
                                   ReLU6,
                                   Sequential,
+                                  Upsample,
                                   eager,
                                   manual_seed,
 )

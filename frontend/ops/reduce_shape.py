@@ -78,12 +78,12 @@ def _max_vjp(n, xs, y, gy):
 
 
 register("sum", attrs=_RED, infer=_red_infer("sum"), ref=_sum_ref,
-         vjp=lambda n, xs, y, gy: [_expand_back(gy, xs[0], n.attrs)], props={REDUCTION}, arity=1,
-         doc="sum over axes (None: all)")
+         vjp=lambda n, xs, y, gy: [_expand_back(gy, xs[0], n.attrs)], props={REDUCTION, QUANTIZABLE}, arity=1,
+         doc="sum over axes (None: all)", quant=Quant())
 register("mean", attrs=_RED, infer=_red_infer("mean"), ref=_mean_ref, vjp=_mean_vjp,
          props={REDUCTION, QUANTIZABLE}, arity=1, doc="mean over axes (None: all)", quant=Quant())
-register("max", attrs=_RED, infer=_red_infer("max"), ref=_max_ref, vjp=_max_vjp, props={REDUCTION}, arity=1,
-         doc="max over axes; ties share the gradient equally (torch.amax)")
+register("max", attrs=_RED, infer=_red_infer("max"), ref=_max_ref, vjp=_max_vjp, props={REDUCTION, QUANTIZABLE},
+         arity=1, doc="max over axes; ties share the gradient equally (torch.amax)", quant=SAME_AS_INPUT)
 
 
 def _te_reduce(T, x, axes, keepdims, kind, name):
@@ -339,6 +339,9 @@ def _pad_te(T, xs, a, out):
 
 
 def _slice_params(a, shape):
+    """Per-axis Python slices of ``slice``'s attributes. An axis takes the indices
+    ``range(begin, end, stride)``: a positive stride needs ``0 <= begin <= end <= size``, a
+    negative one ``-1 <= end <= begin < size`` (end -1: down to index 0 included)."""
     nd = len(shape)
     b, e = list(a["begin"]), list(a["end"])
     st = list(a["strides"] or [1] * nd)
@@ -346,18 +349,27 @@ def _slice_params(a, shape):
         raise ShapeError(f"slice: begin/end/strides need {nd} entries, got {b}, {e}, {st}")
     out = []
     for i in range(nd):
-        if st[i] <= 0:
-            raise ShapeError(f"slice: strides must be positive, got {st}")
-        lo, hi = max(0, min(b[i], shape[i])), max(0, min(e[i], shape[i]))
-        if not (0 <= b[i] <= shape[i] and b[i] <= e[i] <= shape[i]):
+        if st[i] == 0:
+            raise ShapeError(f"slice: strides must be non-zero, got {st}")
+        if st[i] > 0 and not (0 <= b[i] <= shape[i] and b[i] <= e[i] <= shape[i]):
             raise ShapeError(f"slice: [{b[i]}:{e[i]}] out of range for axis {i} of size {shape[i]}")
-        out.append(slice(lo, hi, st[i]))
+        if st[i] < 0 and not (-1 <= e[i] <= b[i] < shape[i] or (e[i] == b[i] == -1 and shape[i] == 0)):
+            raise ShapeError(f"slice: [{b[i]}:{e[i]}:{st[i]}] out of range for axis {i} of size {shape[i]} "
+                             f"(a negative stride needs -1 <= end <= begin < size)")
+        if not len(range(b[i], e[i], st[i])):
+            out.append(slice(0, 0, 1))
+        else:
+            out.append(slice(b[i], None if e[i] < 0 else e[i], st[i]) if st[i] < 0 else slice(b[i], e[i], st[i]))
     return tuple(out)
+
+
+def _slice_len(s, n):
+    return len(range(*s.indices(n)))
 
 
 def _slice_infer(ts, a):
     idx = _slice_params(a, ts[0].shape)
-    return tt([len(range(s.start, s.stop, s.step)) for s in idx], ts[0].dtype, ts[0].quant)
+    return tt([_slice_len(s, n) for s, n in zip(idx, ts[0].shape)], ts[0].dtype, ts[0].quant)
 
 
 def _slice_vjp(n, xs, y, gy):
@@ -372,7 +384,7 @@ def _slice_vjp(n, xs, y, gy):
 
 register("slice", attrs={"begin": Attr("ints", ()), "end": Attr("ints", ()), "strides": Attr("ints", None)},
          infer=_slice_infer, ref=lambda xs, a: xs[0][_slice_params(a, xs[0].shape)].copy(),
-         vjp=_slice_vjp, props={SHAPE, QUANTIZABLE}, arity=1, doc="x[begin:end:strides] per axis (positive strides)",
+         vjp=_slice_vjp, props={SHAPE, QUANTIZABLE}, arity=1, doc="x[begin:end:strides] per axis (a negative stride walks down to end, exclusive; end -1: to index 0)",
          quant=SAME_AS_INPUT)
 
 
@@ -410,7 +422,8 @@ def _slice_grad_te(T, xs, a, out):
     def f(*i):
         t = [i[d] - b[d] for d in range(len(shape))]
         q = [T.tirx.floordiv(t[d], st[d]) for d in range(len(shape))]
-        ok = T.tirx.all(*[T.tirx.all(t[d] >= 0, T.tirx.floormod(t[d], st[d]) == 0, q[d] < n[d]) for d in range(len(shape))])
+        ok = T.tirx.all(*[T.tirx.all(q[d] >= 0, T.tirx.floormod(t[d], st[d]) == 0, q[d] < n[d])
+                          for d in range(len(shape))])
         return T.tirx.if_then_else(ok, x(*q), T.c(0, x.dtype))
     return T.te.compute(out.shape, f, name="slice_grad")
 
@@ -686,8 +699,9 @@ def _tfl_export_concat(e, n, act, out, int8):
 @tfl.exporter("reshape")
 def _tfl_export_reshape(e, n, act, out, int8):
     xs, ot, y = _export_io(e, n, out)
-    shp = e.const(out + "/shape", np.asarray(ot.shape, np.int32))
-    e.op("RESHAPE", xs + [shp], [y], "ReshapeOptions", int8, NewShape=list(ot.shape))
+    # a scalar's shape tensor would be empty (no buffer data): new_shape alone says it
+    shp = [e.const(out + "/shape", np.asarray(ot.shape, np.int32))] if ot.shape else []
+    e.op("RESHAPE", xs + shp, [y], "ReshapeOptions", int8, NewShape=list(ot.shape))
 
 
 @tfl.exporter("softmax", versions={"SOFTMAX": 2})
@@ -698,14 +712,22 @@ def _tfl_export_softmax(e, n, act, out, int8):
     e.op("SOFTMAX", xs, [y], "SoftmaxOptions", int8, Beta=1.0)
 
 
-@tfl.exporter("pad", versions={"PAD": 2})
+@tfl.exporter("pad", versions={"PAD": 2, "PADV2": 2})
 def _tfl_export_pad(e, n, act, out, int8):
     xs, ot, y = _export_io(e, n, out)
     it = e.g.types[n.inputs[0]]
-    if n.attrs["value"] != 0.0:
-        raise tfl.ExportError(f"node {n.name!r}: only zero padding exports (TFLite PAD)")
     p = np.asarray(n.attrs["pads"], np.int32).reshape(len(it.shape), 2)
-    e.op("PAD", xs + [e.const(out + "/paddings", p)], [y], "PadOptions", int8)
+    if n.attrs["value"] == 0.0:
+        e.op("PAD", xs + [e.const(out + "/paddings", p)], [y], "PadOptions", int8)
+        return
+    # PADV2: the fill value as a scalar of the input's type (int8: quantised with its parameters)
+    if it.quant is not None:
+        q = it.quant
+        v = np.asarray(np.clip(fp.quantize_value(n.attrs["value"], q.scale[0], q.zero_point[0]), -128, 127), np.int8)
+        cv = e.const(out + "/constant_values", v, q)
+    else:
+        cv = e.const(out + "/constant_values", np.asarray(n.attrs["value"], it.dtype))
+    e.op("PADV2", xs + [e.const(out + "/paddings", p), cv], [y], "PadV2Options", int8)
 
 
 @tfl.exporter("mean", versions={"MEAN": 2})

@@ -145,6 +145,17 @@ def _op_table():
     node("l2_pool2d", [x], pool=[3, 3], stride=[2, 2], padding="same", activation="relu6")
     node("transpose_conv2d", [x, inp((3, 3, 3, 4)), inp((3,))], output_shape=[2, 14, 12, 3], stride=[2, 2],
          padding="same", activation="relu")
+    # data movement and reductions (frontend/ops: gather, resize, reductions, argcum, l2norm)
+    g.add_const("gidx", np.asarray([[2, 0], [1, 1]], np.int32))
+    gth = node("gather", [a, "gidx"], axis=1)
+    node("gather_grad", [gth, "gidx"], shape=[3, 4, 5], axis=1)
+    rz = node("resize", [x], size=[9, 5], mode="bilinear", half_pixel_centers=True)
+    node("resize_grad", [rz], in_size=[7, 6], size=[9, 5], mode="bilinear", half_pixel_centers=True)
+    node("resize", [x], size=[3, 8], mode="nearest", align_corners=True)
+    node("min", [a], axes=[1], keepdims=False), node("l2_normalize", [a])
+    node("cast", [node("argmax", [a], axis=1)], dtype="float32")
+    node("cast", [node("argmin", [a], axis=-1)], dtype="float32")
+    node("cumsum", [a], axis=1, exclusive=True, reverse=True)
     g.outputs = [o for o in outs if g.types[o].dtype != "bool"]
     return g.validate(), feeds
 

@@ -359,6 +359,50 @@ for pid, xs, pool, st, pad in (POOLS[0], POOLS[2], POOLS[3]):
     kw = dict(pool=pool, stride=st, padding=pad)
     case(f"l2_pool2d-{pid}", "l2_pool2d", lambda x, kw=kw: F.l2_pool2d(x, **kw),
          lambda x, kw=kw: torch.sqrt(R.avg_pool2d(x * x, **kw, count_include_pad=False)), [away(*xs)])
+# ---- data movement and reductions (frontend/ops: gather, resize, reductions, argcum, l2norm) -------
+GIDX = np.asarray([[3, 0], [1, 1]], np.int32)
+
+
+def _torch_gather_grad(g, shape, axis, idx):
+    z = torch.zeros(shape, dtype=g.dtype)
+    moved = g.reshape(shape[:axis] + (idx.size,) + shape[axis + 1:])
+    return z.index_add(axis, torch.tensor(idx.ravel(), dtype=torch.int64), moved)
+
+
+def _nchw(fn):
+    return lambda x: fn(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+
+def _torch_resize_grad(g, in_hw, mode, ac):
+    x = torch.zeros((g.shape[0], g.shape[3]) + tuple(in_hw), dtype=g.dtype, requires_grad=True)
+    y = TF.interpolate(x, size=tuple(g.shape[1:3]), mode=mode, **({} if mode == "nearest" else {"align_corners": ac}))
+    (gx,) = torch.autograd.grad(y, x, g.permute(0, 3, 1, 2), create_graph=True)
+    return gx.permute(0, 2, 3, 1)
+
+
+case("gather", "gather", lambda x: F.gather(x, GIDX, axis=1), lambda x: x[:, torch.tensor(GIDX, dtype=torch.int64)],
+     [normal(3, 4, 2)])
+case("gather_grad", "gather_grad", lambda g: F.emit("gather_grad", [g, GIDX], shape=[3, 4, 2], axis=1),
+     lambda g: _torch_gather_grad(g, (3, 4, 2), 1, GIDX), [normal(3, 2, 2, 2)])
+# power-of-two scales: TFLite's float32 source positions are exact, as PyTorch's doubles
+case("resize-bilinear-half-pixel", "resize", lambda x: F.resize(x, (8, 6), "bilinear", half_pixel_centers=True),
+     _nchw(lambda x: TF.interpolate(x, size=(8, 6), mode="bilinear", align_corners=False)), [normal(2, 4, 3, 2)])
+case("resize-bilinear-align-corners", "resize", lambda x: F.resize(x, (7, 5), "bilinear", align_corners=True),
+     _nchw(lambda x: TF.interpolate(x, size=(7, 5), mode="bilinear", align_corners=True)), [normal(1, 4, 3, 2)])
+case("resize-nearest", "resize", lambda x: F.resize(x, (8, 2), "nearest"),
+     _nchw(lambda x: TF.interpolate(x, size=(8, 2), mode="nearest")), [normal(1, 4, 4, 3)])
+case("resize_grad", "resize_grad",
+     lambda g: F.emit("resize_grad", [g], in_size=[4, 3], size=[8, 6], mode="bilinear", half_pixel_centers=True),
+     lambda g: _torch_resize_grad(g, (4, 3), "bilinear", False), [normal(2, 8, 6, 2)])
+case("min", "min", lambda x: F.min(x, 1), lambda x: torch.amin(x, 1), [interleaved((3, 4, 2))[0]])
+case("argmax", "argmax", lambda x: F.argmax(x, 1, "int64"), lambda x: torch.argmax(x, 1), [normal(3, 5)], grad=False)
+case("argmin", "argmin", lambda x: F.argmin(x, -1, "int64"), lambda x: torch.argmin(x, -1), [normal(3, 5)],
+     grad=False)
+case("cumsum", "cumsum", lambda x: F.cumsum(x, 1), lambda x: torch.cumsum(x, 1), [normal(3, 5)])
+case("cumsum-exclusive-reverse", "cumsum", lambda x: F.cumsum(x, 0, exclusive=True, reverse=True),
+     lambda x: torch.flip(torch.cumsum(torch.flip(x, [0]), 0), [0]) - x, [normal(4, 3)])
+case("l2_normalize", "l2_normalize", F.l2_normalize, lambda x: TF.normalize(x, dim=-1, eps=1e-6), [normal(3, 5)])
+
 
 IDS = [c.id for c in CASES]
 assert len(IDS) == len(set(IDS)), "duplicate case ids"
