@@ -13,18 +13,9 @@ from .. import functional as F
 from .. import tflite_checks as chk
 from ..registry import defrule, register
 from . import tflite_util as tfl
-from .nn import ACT, POOL, _padded, _pool_infer, _win, apply_act, pool_geometry
+from .nn import ACT, POOL, _padded, _pool_infer, _win, apply_act, pool_geometry, tap_counts
 
 L2 = {**POOL, "activation": ACT}
-
-
-def _counts(G, dtype):
-    ones = _padded(np.ones((1, G["H"], G["W"], 1), dtype), G)
-    cnt = np.zeros((1, G["oh"], G["ow"], 1), dtype)
-    for kh in range(G["KH"]):
-        for kw in range(G["KW"]):
-            cnt += ones[_win(G, kh, kw)]
-    return cnt
 
 
 def _l2_ref(xs, a):
@@ -35,7 +26,7 @@ def _l2_ref(xs, a):
     for kh in range(G["KH"]):
         for kw in range(G["KW"]):
             acc += xp[_win(G, kh, kw)]
-    return apply_act(np.sqrt(acc / _counts(G, x.dtype)), a["activation"]).astype(x.dtype, copy=False)
+    return apply_act(np.sqrt(acc / tap_counts(G, x.dtype)), a["activation"]).astype(x.dtype, copy=False)
 
 
 def _l2_vjp(n, xs, y, gy):

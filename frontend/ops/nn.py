@@ -642,15 +642,20 @@ def _pool_infer(ts, a):
     return tt((G["N"], G["oh"], G["ow"], G["C"]), ts[0].dtype, ts[0].quant)
 
 
-def _avg_counts(G, a, dtype):
-    if a.get("count_include_pad"):
-        return np.asarray(G["KH"] * G["KW"], dtype)
+def tap_counts(G, dtype):
+    """In-image taps of every pooling window, [1, oh, ow, 1] (padding excluded, as TFLite counts)."""
     ones = _padded(np.ones((1, G["H"], G["W"], 1), dtype), G)
     cnt = np.zeros((1, G["oh"], G["ow"], 1), dtype)
     for kh in range(G["KH"]):
         for kw in range(G["KW"]):
             cnt += ones[_win(G, kh, kw)]
     return cnt
+
+
+def _avg_counts(G, a, dtype):
+    if a.get("count_include_pad"):
+        return np.asarray(G["KH"] * G["KW"], dtype)
+    return tap_counts(G, dtype)
 
 
 def _avg_ref(xs, a):
@@ -874,19 +879,22 @@ def avg_pool2d_int8(xs, attrs, in_types, out_type):
     if attrs.get("count_include_pad"):
         raise ShapeError("avg_pool2d: TFLite's int8 average pool divides by the in-image tap count "
                          "(count_include_pad=False)")
-    x = xs[0].astype(np.int64)
+    return clamp8(_avg_pool_integer(xs[0], attrs))
+
+
+def _avg_pool_integer(x, attrs):
+    """TFLite's integer AveragePool before the clamp: the window sum over the in-image tap count,
+    rounded half away from zero (int8 and int16 alike)."""
+    x = x.astype(np.int64)
     G = pool_geometry(x.shape, attrs)
     xp = _padded(x, G)
-    ones = _padded(np.ones((1, G["H"], G["W"], 1), np.int64), G)
     acc = np.zeros((G["N"], G["oh"], G["ow"], G["C"]), np.int64)
-    cnt = np.zeros((1, G["oh"], G["ow"], 1), np.int64)
     for kh in range(G["KH"]):
         for kw in range(G["KW"]):
             acc += xp[_win(G, kh, kw)]
-            cnt += ones[_win(G, kh, kw)]
+    cnt = tap_counts(G, np.int64)
     half = cnt // 2
-    y = np.where(acc > 0, trunc_div(acc + half, cnt), trunc_div(acc - half, cnt))
-    return clamp8(y)
+    return np.where(acc > 0, trunc_div(acc + half, cnt), trunc_div(acc - half, cnt))
 
 
 @defrule("max_pool2d", "int8_ref")
@@ -1222,18 +1230,7 @@ def avg_pool2d_int16(xs, attrs, in_types, out_type):
     if attrs.get("count_include_pad"):
         raise ShapeError("avg_pool2d: TFLite's int16 average pool divides by the in-image tap count "
                          "(count_include_pad=False)")
-    x = xs[0].astype(np.int64)
-    G = pool_geometry(x.shape, attrs)
-    xp = _padded(x, G)
-    ones = _padded(np.ones((1, G["H"], G["W"], 1), np.int64), G)
-    acc = np.zeros((G["N"], G["oh"], G["ow"], G["C"]), np.int64)
-    cnt = np.zeros((1, G["oh"], G["ow"], 1), np.int64)
-    for kh in range(G["KH"]):
-        for kw in range(G["KW"]):
-            acc += xp[_win(G, kh, kw)]
-            cnt += ones[_win(G, kh, kw)]
-    half = cnt // 2
-    return clamp16(np.where(acc > 0, trunc_div(acc + half, cnt), trunc_div(acc - half, cnt)))
+    return clamp16(_avg_pool_integer(xs[0], attrs))
 
 
 def max_pool2d_int16(xs, attrs, in_types, out_type):
