@@ -31,7 +31,7 @@ TC = {"stride": Attr("ints", (1, 1)), "padding": Attr("str", "same", ("same", "v
       "output_shape": Attr("ints", REQUIRED), "activation": ACT}
 
 
-def _cgi_attrs(a):
+def cgi_attrs(a):
     return {"stride": list(a["stride"]), "padding": a["padding"], "dilation": [1, 1], "groups": 1,
             "input_shape": list(a["output_shape"])}
 
@@ -41,7 +41,7 @@ def _tc_infer(ts, a):
     if len(w.shape) != 4 or len(x.shape) != 4 or w.shape[3] != x.shape[3]:
         raise ShapeError(f"transpose_conv2d: input {x} and filter {w} do not fit ([N, h, w, C_in], "
                          f"[C_out, KH, KW, C_in])")
-    G = conv_geometry(tuple(a["output_shape"]), (w.shape[3], w.shape[1], w.shape[2], w.shape[0]), _cgi_attrs(a))
+    G = conv_geometry(tuple(a["output_shape"]), (w.shape[3], w.shape[1], w.shape[2], w.shape[0]), cgi_attrs(a))
     if (G["N"], G["oh"], G["ow"]) != tuple(x.shape[:3]) or G["C"] != w.shape[0]:
         raise ShapeError(f"transpose_conv2d: input {list(x.shape)} is not what a {a['padding']} conv of the "
                          f"output {a['output_shape']} gives ([{G['N']}, {G['oh']}, {G['ow']}, ...])")
@@ -55,7 +55,7 @@ def _ohwi(w):
 
 
 def _tc_ref(xs, a):
-    y = conv2d_grad_input_ref(xs[0], _ohwi(xs[1]), _cgi_attrs(a))
+    y = conv2d_grad_input_ref(xs[0], _ohwi(xs[1]), cgi_attrs(a))
     if len(xs) == 3:
         y = y + xs[2]
     return apply_act(y, a["activation"]).astype(xs[0].dtype, copy=False)
@@ -64,7 +64,7 @@ def _tc_ref(xs, a):
 def _tc_vjp(n, xs, y, gy):
     x, w = xs[:2]
     g = act_grad(gy, y, n.attrs["activation"])
-    ca = {k: v for k, v in _cgi_attrs(n.attrs).items() if k != "input_shape"}
+    ca = {k: v for k, v in cgi_attrs(n.attrs).items() if k != "input_shape"}
     w_ohwi = F.transpose(w, [3, 1, 2, 0])
     gw = F.transpose(F.conv2d_grad_weight(g, x, w_ohwi.shape, **ca), [3, 1, 2, 0])
     out = [F.conv2d(g, w_ohwi, None, **ca), gw]
@@ -88,7 +88,7 @@ def _tc_te(T, xs, a, out):
     x, w = xs[:2]
     O, KH, KW, I = T.shape(w)
     wt = T.te.compute((I, KH, KW, O), lambda i, kh, kw, o: w[o, kh, kw, i], name="tc_ohwi")
-    y = get_op("conv2d_grad_input").te(T, [x, wt], _cgi_attrs(a), out)
+    y = get_op("conv2d_grad_input").te(T, [x, wt], cgi_attrs(a), out)
     b = xs[2] if len(xs) == 3 else None
 
     def epi(n, h, wp, o):
@@ -108,7 +108,7 @@ def transpose_conv2d_int8(xs, attrs, in_types, out_type):
     ws, wz, _ = channel_params(in_types[1], O, "transpose_conv2d")
     if np.any(wz != 0):
         raise ShapeError("transpose_conv2d: TFLite's int8 TRANSPOSE_CONV needs symmetric filters (zero point 0)")
-    acc = conv2d_grad_input_ref(xs[0].astype(np.int64) - z_in, _ohwi(xs[1].astype(np.int64)), _cgi_attrs(attrs))
+    acc = conv2d_grad_input_ref(xs[0].astype(np.int64) - z_in, _ohwi(xs[1].astype(np.int64)), cgi_attrs(attrs))
     if len(xs) == 3:
         acc = acc + xs[2].astype(np.int64)
     mult, shift = requantize_params(s_in, ws, s_out)
