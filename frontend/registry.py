@@ -25,6 +25,7 @@ REDUCTION = "reduction"
 SHAPE = "shape"               # data movement only
 QUANTIZABLE = "quantizable"   # has an int8 reference
 NONDIFF = "nondiff"           # output is not differentiable (comparisons, casts to int)
+INT16 = "int16"               # its int8 reference also runs TFLite's 16x8 kernel (int16 activations)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +173,14 @@ def defrule(op_name, rule):
         setattr(get_op(op_name), rule, fn)
         return fn
     return deco
+
+
+def mark(prop, *names):
+    """Add ``prop`` to the named ops (a family module's ``# ---- int16 ----`` block marks the ops
+    whose int8 reference it extends with ``INT16``)."""
+    for name in names:
+        op = get_op(name)
+        op.props = op.props | {prop}
 
 
 def deflower(op_name, backend):

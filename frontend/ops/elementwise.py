@@ -15,6 +15,7 @@ from ..errors import ShapeError
 from ..registry import (
     BINARY,
     ELEMENTWISE,
+    INT16,
     NONDIFF,
     QUANTIZABLE,
     UNARY,
@@ -22,6 +23,7 @@ from ..registry import (
     Quant,
     defrule,
     get_op,
+    mark,
     register,
 )
 from ..types import DTYPES
@@ -450,3 +452,6 @@ def lut16_quant(err, where, qi, qo, name):
     pot, log2 = checked_log2(qo.scale[0])
     if not pot or log2 != -15:
         raise err(f"{where}: output scale {qo.scale[0]!r} is out of range: allowed 1/32768 (TFLite's int16 {name})")
+
+
+mark(INT16, "add", "mul", "relu", "relu6", "sigmoid", "tanh")   # the 16x8 rules above

@@ -23,6 +23,7 @@ from .. import tflite_checks as chk
 from ..errors import ShapeError
 from ..limits import check as check_limit
 from ..registry import (
+    INT16,
     LINEAR,
     QUANTIZABLE,
     SAME_AS_INPUT,
@@ -30,6 +31,7 @@ from ..registry import (
     Attr,
     defrule,
     get_op,
+    mark,
     register,
 )
 from ..types import QParams, TensorType
@@ -1237,3 +1239,6 @@ def max_pool2d_int16(xs, attrs, in_types, out_type):
     int16_io(in_types[:1], out_type, "max_pool2d", symmetric=False)
     same_quant(in_types[0], out_type, "max_pool2d")
     return get_op("max_pool2d").ref(xs, attrs)
+
+
+mark(INT16, "conv2d", "dense", "avg_pool2d", "max_pool2d")   # the 16x8 rules above

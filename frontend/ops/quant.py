@@ -20,12 +20,14 @@ from .. import tflite_checks as chk
 from ..errors import ShapeError
 from ..registry import (
     ELEMENTWISE,
+    INT16,
     NONDIFF,
     QUANTIZABLE,
     REQUIRED,
     UNARY,
     Attr,
     get_op,
+    mark,
     register,
 )
 from ..types import QParams, TensorType
@@ -206,3 +208,6 @@ def _tfl_dequantize(imp, k, op, ins, out):
 def _tfl_export_quant(e, n, act, out, int8):
     name = "QUANTIZE" if n.op == "quantize" else "DEQUANTIZE"
     e.op(name, [e.value(i) for i in n.inputs], [e.tensor(out, e.g.types[out])], name.title() + "Options", True)
+
+
+mark(INT16, "quantize", "dequantize")   # int8/int16 <-> float, int8 <-> int16

@@ -13,6 +13,7 @@ from .. import tflite_checks as chk
 from ..errors import ShapeError
 from ..limits import check as check_limit
 from ..registry import (
+    INT16,
     QUANTIZABLE,
     REDUCTION,
     SAME_AS_INPUT,
@@ -21,6 +22,7 @@ from ..registry import (
     Quant,
     defrule,
     get_op,
+    mark,
     register,
 )
 from . import tflite_util as tfl
@@ -786,3 +788,6 @@ def softmax_int16(xs, attrs, in_types, out_type):
     if ax != x.ndim - 1:
         return np.moveaxis(softmax16_rows(np.moveaxis(x, ax, -1), si), -1, ax)
     return softmax16_rows(x, si)
+
+
+mark(INT16, "mean", "softmax", "pad", "concat")   # the 16x8 rules above

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from kiln.frontend.errors import KilnError
 from kiln.frontend.graph_passes import prepare
-from kiln.frontend.registry import SHAPE, get_op
+from kiln.frontend.registry import INT16, SHAPE, get_op
 
 TARGETS = ("reference", "c", "int8", "host-llvm", "cuda")
 TARGET_TITLES = {"reference": "reference", "c": "C (host, boards)", "int8": "int8 (host, boards)",
@@ -33,6 +33,10 @@ def _quantised(graph, node):
     return any(graph.types[v].quant is not None for v in [*node.inputs, node.name])
 
 
+def _int16(graph, node):
+    return any(graph.types[v].quant is not None and graph.types[v].dtype == "int16" for v in [*node.inputs, node.name])
+
+
 def _survivors(graph):
     """Names of the nodes PTQ keeps (None when the graph is not a float graph PTQ starts from)."""
     if any(graph.types[i].quant is not None or not graph.types[i].is_float for i in graph.inputs):
@@ -48,10 +52,13 @@ def node_support(graph, node, backend, c_dtypes, survivors) -> dict:
     q = _quantised(graph, node)
     shape = SHAPE in op.props
     c_kernel = backend in op.lower
-    dtypes_ok = all(graph.types[v].dtype in c_dtypes for v in [*node.inputs, node.name])
-    c_int8 = dtypes_ok and ((c_kernel and op.int8_ref is not None) or (shape and op.te is not None))
+    bias64 = {v for v in node.inputs if v in graph.consts or v in graph.params} if _int16(graph, node) else set()
+    dtypes_ok = all(graph.types[v].dtype in c_dtypes or (v in bias64 and graph.types[v].dtype == "int64")
+                    for v in [*node.inputs, node.name])   # 16x8 kernels take their int64 bias as a constant
+    int_rule = op.int8_ref is not None and (INT16 in op.props or not _int16(graph, node))   # 16x8: the int16 prop
+    c_int8 = dtypes_ok and ((c_kernel and int_rule) or (shape and op.te is not None))
     c_float = dtypes_ok and (c_kernel or op.te is not None)
-    s = {"reference": (op.int8_ref is not None or (shape and op.ref is not None)) if q else op.ref is not None,
+    s = {"reference": (int_rule or (shape and op.ref is not None)) if q else op.ref is not None,
          "c": c_int8 if q else c_float,
          "host-llvm": not q and op.te is not None,
          "cuda": not q and op.te is not None}
@@ -85,6 +92,28 @@ def target_support(graph) -> dict:
     return {"targets": list(TARGETS), "ops": list(rows.values()),
             "unsupported": {t: v for t, v in unsupported.items() if v},
             "runs_on": [t for t in TARGETS if not unsupported[t]]}
+
+
+OP_COLUMNS = ("float", "int8", "int16", "C float", "C int8", "C int16", "host-llvm", "cuda")
+
+
+def op_support(name) -> dict:
+    """What one op runs as, from its registry entry and the C backend's kernels (docs/ops.md's
+    table; ``node_support`` answers the same for a node of a given model). Reference dtypes:
+    ``float`` (a NumPy reference), ``int8`` (an int8 reference; data movement copies any
+    dtype), ``int16`` (TFLite's 16x8 kernel: the ``int16`` prop). ``C ...``: the C backend
+    (host and every board) for that dtype: a C kernel plus the reference's integer rule, or the
+    TE compute for float and data movement. ``host-llvm`` and ``cuda`` compile float graphs."""
+    backend, _ = _c_backend()
+    op = get_op(name)
+    shape = SHAPE in op.props
+    c_kernel = backend in op.lower
+    int8 = op.int8_ref is not None or (shape and op.ref is not None)
+    int16 = (op.int8_ref is not None and INT16 in op.props) or (shape and op.ref is not None)
+    c_int = c_kernel or (shape and op.te is not None)
+    return {"float": op.ref is not None, "int8": int8, "int16": int16,
+            "C float": c_kernel or op.te is not None, "C int8": int8 and c_int, "C int16": int16 and c_int,
+            "host-llvm": op.te is not None, "cuda": op.te is not None}
 
 
 def support_text(sup) -> list[str]:

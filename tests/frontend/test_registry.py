@@ -10,6 +10,7 @@ import pytest
 
 import kiln.frontend as kf
 from kiln.autodiff import grad
+from kiln.commands.op_support import OP_COLUMNS, op_support
 from kiln.frontend.errors import GraphError
 from kiln.frontend.registry import NONDIFF, OPS, Attr, get_op, register
 
@@ -102,9 +103,14 @@ def ops_markdown():
         "file is out of date. Layouts: activations NHWC, conv weights OHWI, dense weights [out, in].",
         "`vjp`: yes = a VJP rule (it emits graph nodes); nondiff = no gradient flows (comparisons, logic);",
         "no = differentiating through it raises `NotImplementedError(\"VJP for '<op>' not implemented\")`.",
+        "Dtypes and targets (`kiln.commands.op_support.op_support`; `kiln inspect MODEL` answers per node",
+        "of a model): `float`, `int8`, `int16` = Kiln's NumPy reference runs the op in that dtype (int8:",
+        "TFLite's int8 kernel, int16: its 16x8 kernel, int16 activations with int8 weights; data",
+        "movement copies any dtype); `C float` / `C int8` / `C int16` = the C backend, on the host",
+        "and on every board; `host-llvm`, `cuda` = the server targets (float graphs).",
         "",
-        "| op | inputs | attrs | props | vjp | int8 | defined in | notes |",
-        "|---|---|---|---|---|---|---|---|",
+        "| op | inputs | attrs | props | vjp | " + " | ".join(OP_COLUMNS) + " | defined in | notes |",
+        "|---|---|---|---|---|" + "---|" * len(OP_COLUMNS) + "---|---|",
     ]
     for name in sorted(OPS):
         op = OPS[name]
@@ -112,8 +118,10 @@ def ops_markdown():
         vjp = "nondiff" if NONDIFF in op.props else ("yes" if op.vjp else "no")
         where = (op.infer.__module__ if op.infer else "?").replace("kiln.", "")
         doc = (op.doc or "").replace("|", "\\|")
+        sup = op_support(name)
+        cols = " | ".join("yes" if sup[c] else "—" for c in OP_COLUMNS)
         lines.append(f"| `{name}` | {op.arity if op.arity is not None else 'n'} | {attrs} | "
-                     f"{', '.join(sorted(op.props)) or '—'} | {vjp} | {'yes' if op.int8_ref else '—'} | {where} | {doc} |")
+                     f"{', '.join(sorted(op.props)) or '—'} | {vjp} | {cols} | {where} | {doc} |")
     return "\n".join(lines) + "\n"
 
 

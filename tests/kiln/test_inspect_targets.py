@@ -83,3 +83,19 @@ def test_cli_json_and_text(tmp_path, capsys, graph):
     assert main(["inspect", p]) == 0
     text = capsys.readouterr().out
     assert "C (host, boards)" in text and "not on int8 (host, boards): sin_" in text
+
+
+def test_int16_graph_follows_the_int16_prop(graph, monkeypatch):
+    """A 16x8 node runs where its op's int8 reference has TFLite's int16 kernel (the ``int16``
+    prop); the same op without it is reported as not running, before anything is compiled."""
+    g = kiln.trace(nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(64, 3)),
+                   np.zeros((1, 6, 6, 1), np.float32))
+    q = ptq(g, np.random.default_rng(0).random((8, 6, 6, 1)).astype(np.float32), activations="int16")
+    sup = target_support(q)
+    assert sup["runs_on"] == ["reference", "c", "int8"]
+    dense = get_op("dense")
+    monkeypatch.setattr(dense, "props", dense.props - {"int16"})
+    sup = target_support(q)
+    r = rows(sup)[("dense", True)]
+    assert r["reference"] is False and r["c"] is False
+    assert [n for n in q.nodes if n.op == "dense"][0].name in sup["unsupported"]["c"]
