@@ -2,6 +2,7 @@
 jinja2 templates in ``backends/templates``."""
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 
@@ -124,6 +125,7 @@ def render(out_dir, *, model_name, target, kernels, commands, consts, plan, inpu
     for name, text in files.items():
         with open(os.path.join(out_dir, name), "w") as f:
             f.write(text)
-    shutil.copy(os.path.join(HERE, "include", "kiln_intrinsics.h"), os.path.join(out_dir, "kiln_intrinsics.h"))
+    for header in sorted(glob.glob(os.path.join(HERE, "include", "*.h"))):     # kiln_intrinsics.h, kiln_detect.h, ...
+        shutil.copy(header, os.path.join(out_dir, os.path.basename(header)))
     return weight_bytes
 

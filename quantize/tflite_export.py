@@ -169,6 +169,7 @@ class _Exporter:
         for opname, ins, outs, opts_name, fields in self.ops:
             fields = dict(fields)
             inter = fields.pop("intermediates", None)      # LSTM: the converter's intermediate tensors
+            custom = fields.pop("custom_options", None)    # a CUSTOM:<code> op's flexbuffer options
             opts = None
             if opts_name is not None:
                 vec_fields = {}
@@ -180,12 +181,18 @@ class _Exporter:
             iv, ov = _ivec(b, ins), _ivec(b, outs)
             op_offs.append(_table(b, "Operator", OpcodeIndex=self.opcodes[opname], Inputs=iv, Outputs=ov,
                                   BuiltinOptionsType=getattr(t.BuiltinOptions, opts_name) if opts_name else None,
-                                  BuiltinOptions=opts, Intermediates=_ivec(b, inter) if inter else None))
+                                  BuiltinOptions=opts, Intermediates=_ivec(b, inter) if inter else None,
+                                  CustomOptions=b.CreateByteVector(custom) if custom is not None else None))
         sg = _table(b, "SubGraph", Tensors=_offvec(b, ten_offs), Inputs=_ivec(b, self.inputs),
                     Outputs=_ivec(b, self.outputs), Operators=_offvec(b, op_offs), Name=b.CreateString(self.g.name))
         codes = []
         versions = tflite_int8_versions()
         for opname in sorted(self.opcodes, key=self.opcodes.get):
+            if opname.startswith("CUSTOM:"):
+                codes.append(_table(b, "OperatorCode", DeprecatedBuiltinCode=t.BuiltinOperator.CUSTOM,
+                                    BuiltinCode=t.BuiltinOperator.CUSTOM, Version=1,
+                                    CustomCode=b.CreateString(opname[len("CUSTOM:"):])))
+                continue
             code = getattr(t.BuiltinOperator, opname)
             ver = versions.get(opname, 1) if opname in self.int8_ops else 1
             codes.append(_table(b, "OperatorCode", DeprecatedBuiltinCode=min(code, 127), BuiltinCode=code, Version=ver))

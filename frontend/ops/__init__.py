@@ -4,6 +4,7 @@ from . import (  # noqa: F401
     activations,
     argcum,
     batch_matmul,
+    detection,
     elementwise,
     elementwise_int8,
     elementwise_tflite,

@@ -14,6 +14,7 @@ NO_TE = {
     "quantize": "int8: the C backend's own kernel",
     "dequantize": "int8: the C backend's own kernel",
     "fake_quant": "QAT's quantise-dequantise round trip: the NumPy executor runs it",
+    "detection_postprocess": "sorting and NMS: the C backend's own kernel (backends/ops_detection.py, kiln_detect.h)",
 }
 
 
