@@ -410,3 +410,29 @@ def cumsum(x, axis=0, exclusive=False, reverse=False):
 def l2_normalize(x):
     """x / max(||x||, 1e-6) along the last axis (TFLite L2_NORMALIZATION)."""
     return emit("l2_normalize", [x])
+
+
+def _start(start):
+    return start if isinstance(start, Tensor) else np.asarray(start, np.int32)
+
+
+def dynamic_update_slice(x, update, start):
+    """``x`` with ``update`` written at ``start`` (int32, may be a run-time tensor), clamped into
+    ``x`` (TFLite DYNAMIC_UPDATE_SLICE)."""
+    if not isinstance(update, Tensor):
+        update = np.asarray(update)
+    if not isinstance(x, Tensor):
+        x = np.asarray(x)
+    return emit("dynamic_update_slice", [x, update, _start(start)])
+
+
+def dynamic_slice(x, start, size):
+    """The block of ``size`` at ``start`` (int32, may be a run-time tensor), clamped into ``x``."""
+    return emit("dynamic_slice", [x, _start(start)], size=[int(n) for n in size])
+
+
+def reduce_all(x, axes=None, keepdims=False):
+    """Logical AND of a bool tensor over ``axes`` (TFLite REDUCE_ALL)."""
+    return emit("reduce_all", [x], axes=None if axes is None else [int(a) for a in np.atleast_1d(axes)],
+                keepdims=bool(keepdims))
+

@@ -298,7 +298,8 @@ class _Importer:
             t = self.tensors[i]
             if t["data"] is not None:
                 raise self.err(f"graph input {self.label(i)} holds constant data; an input is fed at run time")
-            self.activation_type(i, "graph input")
+            if t["dtype"] != "int32":          # int32 inputs: indices (GATHER, DYNAMIC_UPDATE_SLICE starts)
+                self.activation_type(i, "graph input")
             self.values[i] = self.g.add_input(self._vname(t["name"]), self._ttype(i))
         for k, (opname, op, oins, oouts) in enumerate(self.ops):
             # converters marked multi_output (SPLIT, UNPACK) get the list of output tensors

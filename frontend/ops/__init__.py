@@ -5,6 +5,7 @@ from . import (  # noqa: F401
     argcum,
     batch_matmul,
     detection,
+    dynamic,
     elementwise,
     elementwise_int8,
     elementwise_tflite,

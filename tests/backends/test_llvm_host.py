@@ -156,6 +156,9 @@ def _op_table():
     node("cast", [node("argmax", [a], axis=1)], dtype="float32")
     node("cast", [node("argmin", [a], axis=-1)], dtype="float32")
     node("cumsum", [a], axis=1, exclusive=True, reverse=True)
+    g.add_const("dstart", np.asarray([2, -1, 4], np.int32))                 # clamped to [1, 0, 3]
+    node("dynamic_update_slice", [a, node("dynamic_slice", [a, "dstart"], size=[2, 3, 2]), "dstart"])
+    node("reduce_all", [node("greater", [a, a])], axes=[1], keepdims=False)
     g.outputs = [o for o in outs if g.types[o].dtype != "bool"]
     return g.validate(), feeds
 

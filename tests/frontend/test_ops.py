@@ -402,6 +402,21 @@ case("cumsum", "cumsum", lambda x: F.cumsum(x, 1), lambda x: torch.cumsum(x, 1),
 case("cumsum-exclusive-reverse", "cumsum", lambda x: F.cumsum(x, 0, exclusive=True, reverse=True),
      lambda x: torch.flip(torch.cumsum(torch.flip(x, [0]), 0), [0]) - x, [normal(4, 3)])
 case("l2_normalize", "l2_normalize", F.l2_normalize, lambda x: TF.normalize(x, dim=-1, eps=1e-6), [normal(3, 5)])
+# frontend/ops/dynamic.py: start [2, 5] is clamped to [1, 2] for a [2, 3] block of a [3, 5] tensor
+
+
+def _torch_dus(x, u):
+    y = x.clone()
+    y[1:3, 2:5] = u
+    return y
+
+
+case("dynamic_update_slice", "dynamic_update_slice", lambda x, u: F.dynamic_update_slice(x, u, [2, 5]), _torch_dus,
+     [normal(3, 5), normal(2, 3)])
+case("dynamic_slice", "dynamic_slice", lambda x: F.dynamic_slice(x, [-1, 4], [2, 3]), lambda x: x[0:2, 2:5],
+     [normal(3, 5)])
+case("reduce_all", "reduce_all", lambda b: F.reduce_all(b, [0, 2], keepdims=True),
+     lambda b: torch.all(torch.all(b, 0, keepdim=True), 2, keepdim=True), [booleans(3, 4, 2)], grad=False)
 
 
 IDS = [c.id for c in CASES]
