@@ -115,3 +115,20 @@ def test_bad_start_and_shapes_are_named():
     b.op("BROADCAST_TO", [x, bs], [y])
     with pytest.raises(KilnError, match=r"BROADCAST_ARGS\): shapes \[3, 4\] and \[5\] do not broadcast"):
         load_tflite(b.build([x], [y]))
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_dynamic_update_slice_int8_on_board(tmp_path):
+    """An int8 operand and an int32 start-index graph input on mps2-an386, bit-exact with LiteRT."""
+    from kiln.commands.golden import golden
+    from kiln.commands.verify import verify
+    rng = np.random.default_rng(0)
+    p = tmp_path / "dus.tflite"
+    p.write_bytes(dus_model((2, 5, 6, 3), (1, 2, 4, 3), "int8"))
+    samples = [(_arr(rng, (2, 5, 6, 3), "int8"), _arr(rng, (1, 2, 4, 3), "int8"), np.asarray(s, np.int32))
+               for s in ([0, 0, 0, 0], [1, 4, 3, 0], [9, -3, 2, 1])]
+    gold = str(tmp_path / "g.npz")
+    assert golden(str(p), gold, samples) == "litert"
+    rep = verify(str(p), gold, "mps2-an386", options={"out": str(tmp_path / "board")})
+    assert rep["ok"] and rep["matched"] == 3, rep["results"]
