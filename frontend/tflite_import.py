@@ -52,6 +52,7 @@ _TYPE_NAMES = {0: "FLOAT32", 1: "FLOAT16", 2: "INT32", 3: "UINT8", 4: "INT64", 5
                13: "RESOURCE", 14: "VARIANT", 15: "UINT32", 16: "UINT16", 17: "INT4"}
 # dtypes an op operand (activation) may have: float32, or int8 with quantisation parameters
 ACTIVATION_DTYPES = ("float32", "int8", "int16")   # int16: TFLite's 16x8 quantisation
+MAX_SUBGRAPH_DEPTH = 8                              # nested control flow (IF branches) Kiln inlines
 
 
 def _raw(tab, slot, flags, default):
@@ -137,10 +138,11 @@ class _Importer:
         nsub = m.SubgraphsLength()
         if nsub < 1:
             raise self.err("the model has no subgraph")
-        if nsub > 1:
-            raise self.err(f"the model has {nsub} subgraphs (control flow); Kiln imports single-subgraph models")
         self.sg = m.Subgraphs(0)
         self._read_opcodes()
+        if nsub > 1 and "IF" not in self.opcodes:
+            raise self.err(f"the model has {nsub} subgraphs (control flow); Kiln imports single-subgraph models "
+                           f"and IF's branch subgraphs")
         self._read_tensors()
         self._read_ops()
         self._build()
@@ -214,8 +216,8 @@ class _Importer:
             if off + size > len(self.buf):
                 raise self.err(f"{where}: buffer {bidx} at offset {off} size {size} lies outside the file")
             raw = memoryview(self.buf)[off:off + size]
-        elif n == 0:
-            return None
+        elif n == 0:     # no data: a run-time tensor, or an empty index vector (RESHAPE's shape [] of a scalar)
+            return np.zeros(shape, dtype) if shape == (0,) and dtype in ("int32", "int64") else None
         else:
             raw = b.DataAsNumpy()
         itemsize = np.dtype(dtype).itemsize
@@ -301,6 +303,20 @@ class _Importer:
             if t["dtype"] != "int32":          # int32 inputs: indices (GATHER, DYNAMIC_UPDATE_SLICE starts)
                 self.activation_type(i, "graph input")
             self.values[i] = self.g.add_input(self._vname(t["name"]), self._ttype(i))
+        self._run_ops()
+        for i in outs:
+            if self.tensors[i]["data"] is not None or i in self.folded:
+                raise self.err(f"graph output {self.label(i)} is a constant; Kiln compiles outputs that operators "
+                               f"compute (or graph inputs)")
+            if i not in self.values:
+                raise self.err(f"graph output {self.label(i)} is never computed: no operator writes it and it "
+                               f"is not an input")
+            self.g.outputs.append(self.values[i])
+        self.g.meta["source"] = os.path.basename(self.where)
+        self.g.meta["tflite_tensors"] = {v: i for i, v in self.values.items()}
+
+    def _run_ops(self):
+        """Convert the subgraph's operators in order (the values of its inputs are set)."""
         for k, (opname, op, oins, oouts) in enumerate(self.ops):
             # converters marked multi_output (SPLIT, UNPACK) get the list of output tensors
             multi = getattr(TFLITE_IMPORTERS[opname], "multi_output", False)
@@ -317,16 +333,40 @@ class _Importer:
                     raise self.err(f"operator {k} ({opname}) reads {self.label(i)} before any operator produces "
                                    f"it (and it is not a constant or a graph input)")
             TFLITE_IMPORTERS[opname](self, k, op, list(oins), o)
-        for i in outs:
-            if self.tensors[i]["data"] is not None or i in self.folded:
-                raise self.err(f"graph output {self.label(i)} is a constant; Kiln compiles outputs that operators "
-                               f"compute (or graph inputs)")
-            if i not in self.values:
-                raise self.err(f"graph output {self.label(i)} is never computed: no operator writes it and it "
-                               f"is not an input")
-            self.g.outputs.append(self.values[i])
-        self.g.meta["source"] = os.path.basename(self.where)
-        self.g.meta["tflite_tensors"] = {v: i for i, v in self.values.items()}
+
+    def inline_subgraph(self, index, args, where):
+        """Import subgraph ``index`` into this graph with its inputs bound to ``args`` (a
+        control-flow op's branch): Kiln value names, or this subgraph's tensor indices for
+        constants (the branch reads their data). Returns the values of its outputs."""
+        nsub = self.model.SubgraphsLength()
+        depth = getattr(self, "depth", 0) + 1
+        if not 0 < index < nsub:
+            raise self.err(f"{where}: subgraph index {index} is out of range: allowed 1..{nsub - 1}")
+        if depth > MAX_SUBGRAPH_DEPTH:
+            raise self.err(f"{where}: subgraphs nest deeper than {MAX_SUBGRAPH_DEPTH} (a cycle?)")
+        sub = _Importer(self.buf, f"{self.where} (subgraph {index})", self.name)
+        sub.g, sub.used_names, sub.model, sub.opcodes, sub.depth = self.g, self.used_names, self.model, self.opcodes, depth
+        sub.sg = self.model.Subgraphs(index)
+        sub._read_tensors()
+        sub._read_ops()
+        ins = sub._io_list("inputs", sub.sg.InputsLength, sub.sg.InputsAsNumpy)
+        outs = sub._io_list("outputs", sub.sg.OutputsLength, sub.sg.OutputsAsNumpy)
+        if len(ins) != len(args):
+            raise self.err(f"{where}: subgraph {index} takes {len(ins)} inputs, the op passes {len(args)}")
+        for i, a in zip(ins, args):
+            want = sub._ttype(i)
+            got = self.g.types[a] if isinstance(a, str) else self._ttype(a)
+            if (tuple(want.shape), want.dtype, want.quant) != (tuple(got.shape), got.dtype, got.quant):
+                raise self.err(f"{where}: subgraph {index} input {sub.label(i)} is {want}, the op passes {got}")
+            if isinstance(a, str):
+                sub.values[i] = a
+            else:                           # a constant stays one in the branch (weights it reads)
+                sub.tensors[i]["data"] = self.folded.get(a, self.tensors[a]["data"])
+        sub._run_ops()
+        missing = [sub.label(o) for o in outs if o not in sub.values]
+        if missing:
+            raise self.err(f"{where}: subgraph {index} output {missing[0]} is never computed (a constant output?)")
+        return [sub.values[o] for o in outs]
 
     def activation_type(self, i, where):
         """Check tensor i can be an op operand (float32, or int8 with quantisation parameters)."""

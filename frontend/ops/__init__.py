@@ -4,6 +4,7 @@ from . import (  # noqa: F401
     activations,
     argcum,
     batch_matmul,
+    control,
     detection,
     dynamic,
     elementwise,

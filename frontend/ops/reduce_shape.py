@@ -581,7 +581,8 @@ def _tfl_reshape(imp, k, op, ins, out):
     name = "RESHAPE"
     w = tfl.where(k, name)
     tfl.need(imp, k, name, ins, 1, 2, optional=(1,))
-    x = imp.operand(ins[0], k, name)
+    raw = imp.tensors[ins[0]]["dtype"] in ("bool", "int32")     # masks and indices reshape as they are
+    x = imp.value(ins[0], k, name) if raw else imp.operand(ins[0], k, name)
     xt = imp.g.types[x]
     if len(ins) == 2 and ins[1] >= 0 and len(imp.tensors[ins[1]]["shape"]) == 1 \
             and imp.tensors[ins[1]]["dtype"] == "int32":
