@@ -1,5 +1,5 @@
 /* Kiln's batch-1 int8 FULLY_CONNECTED kernel (matrix-vector): backends/ops_dense.py lowers a
- * dense layer with constant weights to one call of kiln_dense_s8. Included by kiln_intrinsics.h
+ * dense layer with constant weights to one call of kiln_fc_mv_s8. Included by kiln_intrinsics.h
  * (it uses kiln_fc_rq from there).
  *
  * Weights (ops_dense.pack_dense) are packed at compile time in the order the inner loop reads
@@ -154,7 +154,7 @@ static inline void kiln_dense_out4(const int32_t *q, int32_t zy, uint32_t lo4, u
 /* y[r, n] = requant(bias[n] + sum_k x[r, k] * w[n, k]) for r < rows: x int8 [rows, K], w the
  * packed stream above (biases with the zero point folded), m int32 [N] or [1] (mstep 1 or 0) the
  * fast-path multipliers, rq int32 [N][3] or [1][3] the exact constants */
-static __attribute__((noinline, unused)) void kiln_dense_s8(const int8_t *x, int32_t rows, int32_t K, int32_t N,
+static __attribute__((noinline, unused)) void kiln_fc_mv_s8(const int8_t *x, int32_t rows, int32_t K, int32_t N,
                                                             const int8_t *w, const int32_t *m, const int32_t *rq,
                                                             int32_t mstep, uint32_t c1, uint32_t c2, int32_t zy,
                                                             int32_t lo, int32_t hi, int8_t *y)
