@@ -107,8 +107,17 @@ static inline void kiln_dense_dot4_c(const int8_t *x, const int8_t *w, int32_t g
     __builtin_memcpy(acc, s, sizeof s);
 }
 
-/* round(double(acc) * eff): the fast path described above, else kiln_fc_rq (rq = {mh, ml, s} of
- * eff, frontend/ops/nn.py: fc_requant_constants) */
+/* kiln_fc_rq limited to [-2^16, 2^16] (beyond that every output clamps the same way, and q + zy
+ * cannot overflow); out of line: the rare case */
+static __attribute__((noinline, unused)) int32_t kiln_dense_rq_exact(int32_t acc, const int32_t *rq)
+{
+    const int32_t q = kiln_fc_rq(acc, (uint32_t)rq[0], (uint32_t)rq[1], rq[2]);
+    return q > 65536 ? 65536 : (q < -65536 ? -65536 : q);
+}
+
+/* round(double(acc) * eff), or a value beyond int8 with the same sign: the fast path described
+ * above (|result| < 2^30 there: |acc| < 2^31, eff < 1/2), else kiln_dense_rq_exact (rq = {mh, ml,
+ * s} of eff, frontend/ops/nn.py: fc_requant_constants) */
 static inline int32_t kiln_dense_rq(int32_t acc, int32_t m, const int32_t *rq, uint32_t c1, uint32_t c2)
 {
     const int64_t p = (int64_t)acc * m;
@@ -116,38 +125,41 @@ static inline int32_t kiln_dense_rq(int32_t acc, int32_t m, const int32_t *rq, u
     if (__builtin_expect((uint32_t)(plo - c1) < c2, 1)) {
         return (int32_t)(p >> 32) + (int32_t)(plo >> 31);
     }
-    return kiln_fc_rq(acc, (uint32_t)rq[0], (uint32_t)rq[1], rq[2]);
+    return kiln_dense_rq_exact(acc, rq);
 }
 
-/* q + zy clamped to [lo, hi] (-128 <= lo <= hi <= 127), q any int32 */
+/* q + zy clamped to [lo, hi] (-128 <= lo <= hi <= 127; |q| <= 2^30) */
 static inline int32_t kiln_dense_out(int32_t q, int32_t zy, int32_t lo, int32_t hi)
 {
-    const int64_t v = (int64_t)q + zy;
-    return v < lo ? lo : (v > hi ? hi : (int32_t)v);
+    const int32_t v = q + zy;
+    return v < lo ? lo : (v > hi ? hi : v);
 }
 
-/* four outputs q[0..3] -> y[0..3]; lohi = lo | hi << 16 */
+/* four outputs -> y[0..3] (lo4 / hi4: lo / hi in each byte) */
 #if KILN_HAVE_DSP
-/* saturating add and SSAT #8, four bytes packed, then the clamp per byte: SSUB8 sets the GE flags
- * where v >= lo (then hi >= v) and SEL keeps v there */
-static inline void kiln_dense_out4(const int32_t *q, int32_t zy, uint32_t lo4, uint32_t hi4, int8_t *y)
+/* SSAT #8, the four bytes inserted into one word (BFI), then, unless [lo, hi] is the whole int8
+ * range, the clamp per byte: SSUB8 sets the GE flags where v >= lo (then hi >= v), SEL keeps v */
+static inline void kiln_dense_out4(int32_t q0, int32_t q1, int32_t q2, int32_t q3, int32_t zy, int32_t lo, int32_t hi,
+                                   uint32_t lo4, uint32_t hi4, int8_t *y)
 {
-    const uint32_t v0 = (uint32_t)__ssat(__qadd(q[0], zy), 8) & 0xFFu;
-    const uint32_t v1 = (uint32_t)__ssat(__qadd(q[1], zy), 8) & 0xFFu;
-    const uint32_t v2 = (uint32_t)__ssat(__qadd(q[2], zy), 8) & 0xFFu;
-    const uint32_t v3 = (uint32_t)__ssat(__qadd(q[3], zy), 8);
-    uint32_t v = v0 | v1 << 8 | v2 << 16 | v3 << 24, t;
-    __asm__("ssub8 %1, %0, %2\n\tsel %0, %0, %2\n\tssub8 %1, %3, %0\n\tsel %0, %0, %3"
-            : "+r"(v), "=&r"(t) : "r"(lo4), "r"(hi4) : "cc");
+    uint32_t v = (uint32_t)__ssat(q0 + zy, 8), t;
+    __asm__("bfi %0, %1, #8, #8\n\tbfi %0, %2, #16, #8\n\tbfi %0, %3, #24, #8"
+            : "+r"(v) : "r"(__ssat(q1 + zy, 8)), "r"(__ssat(q2 + zy, 8)), "r"(__ssat(q3 + zy, 8)));
+    if (lo > -128 || hi < 127) {
+        __asm__("ssub8 %1, %0, %2\n\tsel %0, %0, %2\n\tssub8 %1, %3, %0\n\tsel %0, %0, %3"
+                : "+r"(v), "=&r"(t) : "r"(lo4), "r"(hi4) : "cc");
+    }
     __builtin_memcpy(y, &v, sizeof v);
 }
 #else
-static inline void kiln_dense_out4(const int32_t *q, int32_t zy, uint32_t lo4, uint32_t hi4, int8_t *y)
+static inline void kiln_dense_out4(int32_t q0, int32_t q1, int32_t q2, int32_t q3, int32_t zy, int32_t lo, int32_t hi,
+                                   uint32_t lo4, uint32_t hi4, int8_t *y)
 {
-    const int32_t lo = (int8_t)lo4, hi = (int8_t)hi4;
-    for (int32_t j = 0; j < 4; ++j) {
-        y[j] = (int8_t)kiln_dense_out(q[j], zy, lo, hi);
-    }
+    (void)lo4, (void)hi4;
+    y[0] = (int8_t)kiln_dense_out(q0, zy, lo, hi);
+    y[1] = (int8_t)kiln_dense_out(q1, zy, lo, hi);
+    y[2] = (int8_t)kiln_dense_out(q2, zy, lo, hi);
+    y[3] = (int8_t)kiln_dense_out(q3, zy, lo, hi);
 }
 #endif
 
@@ -175,11 +187,12 @@ static __attribute__((noinline, unused)) void kiln_fc_mv_s8(const int8_t *x, int
                     acc[j] += x[4 * g + t] * wb[16 + 16 * g + 4 * j + t];
                 }
             }
-            const int32_t c = mstep * n;
-            for (int32_t j = 0; j < 4; ++j) {
-                acc[j] = kiln_dense_rq(acc[j], m[c + mstep * j], rq + 3 * (c + mstep * j), c1, c2);
-            }
-            kiln_dense_out4(acc, zy, lo4, hi4, y + n);
+            const int32_t *mc = m + mstep * n, *rc = rq + 3 * mstep * n;
+            const int32_t q0 = kiln_dense_rq(acc[0], mc[0], rc, c1, c2);
+            const int32_t q1 = kiln_dense_rq(acc[1], mc[mstep], rc + 3 * mstep, c1, c2);
+            const int32_t q2 = kiln_dense_rq(acc[2], mc[2 * mstep], rc + 6 * mstep, c1, c2);
+            const int32_t q3 = kiln_dense_rq(acc[3], mc[3 * mstep], rc + 9 * mstep, c1, c2);
+            kiln_dense_out4(q0, q1, q2, q3, zy, lo, hi, lo4, hi4, y + n);
         }
         for (int32_t n = N4; n < N; ++n, wb += 4 + 4 * gp) {
             int32_t acc;

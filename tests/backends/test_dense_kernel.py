@@ -59,6 +59,12 @@ def _rq_c(lib, acc, eff, bound):
     return out.astype(np.int64), c2
 
 
+def _lim(q):
+    """kiln_dense_rq's contract: the exact value, or one beyond int8 with the same sign (its exact
+    path stops at +-2^16, where every output clamps alike)"""
+    return np.clip(q, -(1 << 16), 1 << 16)
+
+
 def test_fast_requant_random(lib):
     rng = np.random.default_rng(3)
     n = 200_000
@@ -67,7 +73,7 @@ def test_fast_requant_random(lib):
         eff = 10.0 ** rng.uniform(-8, np.log10(0.49), n)
         got, c2 = _rq_c(lib, acc, eff, bound)
         assert c2 > 0                                    # the fast path is on
-        np.testing.assert_array_equal(got, fc_requantize(acc, eff))
+        np.testing.assert_array_equal(_lim(got), _lim(fc_requantize(acc, eff)))
 
 
 def test_fast_requant_near_halves(lib):
@@ -86,7 +92,7 @@ def test_fast_requant_near_halves(lib):
         accs.append(acc[ok]), effs.append(e[ok])
     acc, eff = np.concatenate(accs), np.concatenate(effs)
     got, _ = _rq_c(lib, acc, eff, 60_000)
-    np.testing.assert_array_equal(got, fc_requantize(acc, eff))
+    np.testing.assert_array_equal(_lim(got), _lim(fc_requantize(acc, eff)))
 
 
 def test_guard_turns_fast_path_off():
