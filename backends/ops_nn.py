@@ -1,5 +1,5 @@
-"""C overrides of the linear and window ops for int8: conv2d (incl. depthwise and padding), dense,
-avg/max pooling, following TFLite's reference kernels (per-channel requantisation, zero points,
+"""C overrides of the linear and window ops for int8: conv2d (incl. depthwise and padding), avg/max
+pooling (int8 dense: ``ops_dense.py``; the 16x8 dense is here), following TFLite's reference kernels (per-channel requantisation, zero points,
 fused activation clamp) bit for bit, with the DSP kernels of ``schedules.py``. Float (and matmul)
 is the op's TE compute (``lower.lower_te``; float depthwise keeps ``schedules.depthwise_schedule``
 through ``schedules.TE_SCHEDULES``)."""
