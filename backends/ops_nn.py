@@ -1,5 +1,5 @@
-"""C overrides of the linear and window ops for int8: conv2d (incl. depthwise and padding), dense,
-avg/max pooling, following TFLite's reference kernels (per-channel requantisation, zero points,
+"""C overrides of the linear and window ops for int8: conv2d (incl. depthwise and padding), avg/max
+pooling (int8 dense: ``ops_dense.py``; the 16x8 dense is here), following TFLite's reference kernels (per-channel requantisation, zero points,
 fused activation clamp) bit for bit, with the DSP kernels of ``schedules.py``. Float (and matmul)
 is the op's TE compute (``lower.lower_te``; float depthwise keeps ``schedules.depthwise_schedule``
 through ``schedules.TE_SCHEDULES``)."""
@@ -79,30 +79,6 @@ def requant_epilogue(k, node, acc, out_type, channels, axis_index, act, bound=No
         ch = axis_index(idx)
         return qmath.clamp(req(acc(*idx), ch) + c(zy), lo, hi).astype("int8")
     return te.compute(shape, body, name="requant")
-
-
-def fc_requant_epilogue(k, acc, tx, tw, ty, channels, act):
-    """acc (int32 te tensor, bias added, channels last) -> int8 as LiteRT's reference
-    FULLY_CONNECTED requantises: ``round(double(acc) * eff[c])`` + zero point, activation clamp,
-    computed in integers by ``kiln_fc_s8`` (kiln_intrinsics.h; no double-precision FPU needed)."""
-    s_in, _ = per_tensor(tx, "input", "dense")
-    s_out, zy = per_tensor(ty, "output", "dense")
-    ws, _, _ = channel_params(tw, channels, "dense")
-    mh, ml, sh = fc_requant_constants(fc_effective_scales(s_in, ws, s_out))
-    lo, hi = qmath.activation_range(act, s_out, zy)
-    if len(set(zip(mh.tolist(), ml.tolist(), sh.tolist()))) == 1:
-        consts = (lambda ch: c(int(mh[0])), lambda ch: c(int(ml[0]), "uint32"), lambda ch: c(int(sh[0])))
-    else:
-        tmh = k.const("fc_mh", mh.astype(np.int32))
-        tml = k.const("fc_ml", ml.astype(np.uint32))
-        tsh = k.const("fc_s", sh.astype(np.int32))
-        consts = (lambda ch: tmh[ch], lambda ch: tml[ch], lambda ch: tsh[ch])
-
-    def body(*idx):
-        ch = idx[-1]
-        return tirx.call_extern("int32", "kiln_fc_s8", acc(*idx), consts[0](ch).astype("uint32"), consts[1](ch),
-                                consts[2](ch), c(zy), c(lo), c(hi)).astype("int8")
-    return te.compute(acc.shape, body, name="requant")
 
 
 # ---- conv2d ---------------------------------------------------------------------------------
@@ -237,39 +213,6 @@ def _depthwise_dsp(k, node, x, G, zx, tx, tw, ty):
     q = k.const("dwq", schedules.dw_requant_table(bias, mult, shift, zy))
     k.schedule(lambda sch, out_block: None)
     return schedules.dw_dsp_extern(x, w16, q, G, zx, zy, lo, hi)
-
-
-# ---- dense / matmul -------------------------------------------------------------------------
-@lower_rule("dense")
-def lower_dense(k, node, xs):
-    if not quantized(k, node):
-        return None                          # float: the op's TE compute
-    if k.type(node.inputs[0]).dtype == "int16":
-        return lower_dense_16x8(k, node, xs)
-    x, w = xs[0], xs[1]
-    tx, tw, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
-    K = tx.shape[-1]
-    N = tw.shape[0]
-    lead = tx.shape[:-1]
-    bias = xs[2] if len(xs) == 3 else None
-    kk = te.reduce_axis((0, K), "k")
-    _check_int8(k, node, [node.inputs[0], node.inputs[1], node.name])
-    zx = _zp(tx)
-    zws = tw.quant.zero_point
-    if len(set(zws)) != 1:
-        k.fail("int8 dense needs one weight zero point")
-    zw = zws[0]
-    if k.target.kernels and zw == 0 and k.value(node.inputs[1]) is not None:
-        # the tensorized dot product against packed weights (the zero point folded into the bias)
-        acc, folded, zx_k = schedules.dense_dot_compute(k, node, x, lead, N, K, zx)
-        bias = folded if folded is not None else bias
-        k.schedule(schedules.dsp_dense_schedule(K, zx_k, N, k.target.optimize))
-    else:
-        acc = te.compute(lead + (N,), lambda *i: te.sum(
-            (x[i[:-1] + (kk,)].astype("int32") - c(zx)) * (w[i[-1], kk].astype("int32") - c(zw)), axis=[kk]),
-            name="acc")
-    acc2 = te.compute(acc.shape, lambda *i: acc(*i) + bias[i[-1]], name="bias") if bias is not None else acc
-    return fc_requant_epilogue(k, acc2, tx, tw, ty, N, node.attrs["activation"])
 
 
 # ---- pooling --------------------------------------------------------------------------------

@@ -825,4 +825,6 @@ static inline int32_t kiln_lstm_hidden(int32_t o, int32_t c, int32_t ib, int32_t
     return v > 127 ? 127 : v < -128 ? -128 : v;
 }
 
+#include "kiln_dense.h" /* the batch-1 FULLY_CONNECTED kernel (uses kiln_fc_rq) */
+
 #endif /* KILN_INTRINSICS_H */
