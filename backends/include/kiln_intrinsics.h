@@ -372,11 +372,11 @@ static __attribute__((noinline, unused)) void kiln_dw_s8(const int8_t *x, int32_
  * pair the two padded patches [KH][KW][C] (in-bounds runs copied a word at a time when C % 4 == 0,
  * out-of-bounds taps filled with the input zero point, the reduction zero-padded to a multiple
  * of 4) are written interleaved, per group of 4 reduction indices pixel 0's 4 bytes then pixel
- * 1's, so one LDRD reads both. Then per block of 2 output channels one call of kiln_dot2x2rq_w8:
- * a 2-channel x 2-pixel tile (4 accumulators; the weights are int8, packed by schedules.pack_w8
- * with nb = 2: per group of 4 reduction indices channel 0's 4 weights then channel 1's), so each
- * weight word is sign-extended once (SXTB16, SXTB16 ROR #8) for two pixels and each input word
- * once for two channels: per 16 MACs two LDRD, eight SXTB16, eight SMLAD. Odd rows end with the
+ * 1's, and then widened to int16 once (kiln_widen_pair), so the inner loop never sign-extends an
+ * input. Then per block of 2 output channels a 2-channel x 2-pixel tile (4 accumulators; the
+ * weights are int8, packed by schedules.pack_w8 with nb = 2: per group of 4 reduction indices
+ * channel 0's 4 weights then channel 1's), each weight word sign-extended once (SXTB16, SXTB16
+ * ROR #8) for both pixels: per 16 MACs three LDRD, four SXTB16, eight SMLAD. Odd rows end with the
  * last pixel in both slots (its outputs are written twice, to the same place).
  * q: per block of 2 channels {bias0, bias1, mult0, mult1} (int32), then one byte per channel:
  * e, the right shift (>= 1); zh = 1 + 2 * zy, so half + (zy << e) = zh << (e - 1). Requantisation as kiln_dw_s8
@@ -395,36 +395,40 @@ static inline int32_t kiln_rq_e(int32_t acc, int32_t m, int32_t e, int32_t zh)
     S0 = (int32_t)__smlad(a0h_, (WH), S0);                                        \
     S1 = (int32_t)__smlad(a1l_, (WL), S1);                                        \
     S1 = (int32_t)__smlad(a1h_, (WH), S1)
-#define KILN_D22_INPUT(OFF)                                                       \
-    uint32_t a0_, a1_, w0_, w1_;                                                  \
-    KILN_LDRD(a0_, a1_, a, (OFF));                                                \
-    const uint32_t a0l_ = __sxtb16(a0_), a0h_ = kiln_sxtb16_ror8(a0_);            \
-    const uint32_t a1l_ = __sxtb16(a1_), a1h_ = kiln_sxtb16_ror8(a1_)
+/* group G of the widened pair (kiln_widen_pair: 16 bytes, pixel 0's {x0, x2} {x1, x3} then
+ * pixel 1's): two LDRDs, no sign extension in the inner loop */
+#define KILN_D22_INPUT(G)                                                         \
+    uint32_t a0l_, a0h_, a1l_, a1h_, w0_, w1_;                                    \
+    KILN_LDRD(a0l_, a0h_, a, 16 * (G));                                           \
+    KILN_LDRD(a1l_, a1h_, a, 16 * (G) + 8)
 /* int8 weights (pack_w8, nb = 2): each weight word sign-extended once for both pixels */
-#define KILN_D22_STEP(OFF)                                                        \
+#define KILN_D22_STEP(G)                                                          \
     do {                                                                          \
-        KILN_D22_INPUT(OFF);                                                      \
-        KILN_LDRD(w0_, w1_, w, (OFF));                                            \
+        KILN_D22_INPUT(G);                                                        \
+        KILN_LDRD(w0_, w1_, w, 8 * (G));                                          \
         KILN_D22_MACS(__sxtb16(w0_), kiln_sxtb16_ror8(w0_), s00, s10);            \
         KILN_D22_MACS(__sxtb16(w1_), kiln_sxtb16_ror8(w1_), s01, s11);            \
     } while (0)
 /* int16 weights (pack_w16, nb = 2: per group of 4 reduction indices and channel
- * {w[k], w[k+2], w[k+1], w[k+3]}, the lanes SXTB16 / SXTB16 ROR #8 give from an input word) */
-#define KILN_D22W_STEP(OFF)                                                       \
+ * {w[k], w[k+2], w[k+1], w[k+3]}, the lanes of the widened input) */
+#define KILN_D22W_STEP(G)                                                         \
     do {                                                                          \
-        KILN_D22_INPUT(OFF);                                                      \
-        KILN_LDRD(w0_, w1_, w, 2 * (OFF));                                        \
+        KILN_D22_INPUT(G);                                                        \
+        KILN_LDRD(w0_, w1_, w, 16 * (G));                                         \
         KILN_D22_MACS(w0_, w1_, s00, s10);                                        \
-        KILN_LDRD(w0_, w1_, w, 2 * (OFF) + 8);                                    \
+        KILN_LDRD(w0_, w1_, w, 16 * (G) + 8);                                     \
         KILN_D22_MACS(w0_, w1_, s01, s11);                                        \
     } while (0)
 #else
-/* portable: WAT(B, t) is weight t of the 4-group at B (channel 0 at OFF, channel 1 at OFF + 4) */
-#define KILN_D22_C(OFF, WAT)                                                      \
+/* portable: the widened pair holds, per group, pixel 0's int16 {x0, x2, x1, x3} then pixel 1's;
+ * WAT(B, t) is weight t of the 4-group at B (channel 0 at B, channel 1 at B + 4) */
+#define KILN_PERM4(T) ((T) == 1 ? 2 : (T) == 2 ? 1 : (T))   /* {0,2,1,3} */
+#define KILN_D22_C(G, WAT)                                                        \
     do {                                                                          \
         for (int32_t t_ = 0; t_ < 4; ++t_) {                                      \
-            const int32_t x0_ = a[(OFF) + t_], x1_ = a[(OFF) + 4 + t_];           \
-            const int32_t v0_ = WAT((OFF), t_), v1_ = WAT((OFF) + 4, t_);         \
+            const int32_t x0_ = kiln_w16_at(a, 8 * (G) + KILN_PERM4(t_));         \
+            const int32_t x1_ = kiln_w16_at(a, 8 * (G) + 4 + KILN_PERM4(t_));     \
+            const int32_t v0_ = WAT(8 * (G), t_), v1_ = WAT(8 * (G) + 4, t_);     \
             s00 += x0_ * v0_;                                                     \
             s01 += x0_ * v1_;                                                     \
             s10 += x1_ * v0_;                                                     \
@@ -432,17 +436,33 @@ static inline int32_t kiln_rq_e(int32_t acc, int32_t m, int32_t e, int32_t zh)
         }                                                                         \
     } while (0)
 #define KILN_W8_AT(B, T) ((int32_t)w[(B) + (T)])
-#define KILN_W16_AT(B, T) kiln_w16_at(w, (B) + ((T) == 1 ? 2 : (T) == 2 ? 1 : (T)))   /* {0,2,1,3} */
-#define KILN_D22_STEP(OFF) KILN_D22_C(OFF, KILN_W8_AT)
-#define KILN_D22W_STEP(OFF) KILN_D22_C(OFF, KILN_W16_AT)
+#define KILN_W16_AT(B, T) kiln_w16_at(w, (B) + KILN_PERM4(T))
+#define KILN_D22_STEP(G) KILN_D22_C(G, KILN_W8_AT)
+#define KILN_D22W_STEP(G) KILN_D22_C(G, KILN_W16_AT)
 #endif
 
-/* All O output channels of one pixel pair, 2 at a time. a: the interleaved patch pair (8-byte
- * aligned); w: the packed weights (8-byte aligned, channel blocks contiguous, so w just runs on);
- * n: the padded reduction length (a multiple of 4); q: per block {bias0, bias1, mult0, mult1};
- * eb: one right-shift byte per channel; writes y0[0..O-1] and y1[0..O-1]. The channel loop is
- * inside (one call per pixel pair, not per channel block: ~30 instructions of call overhead
- * saved per block). */
+/* The int8 pair (per group of 4 reduction indices pixel 0's 4 bytes then pixel 1's, at s) widened
+ * to int16 in the lane order SXTB16 / SXTB16 ROR #8 give, per group pixel 0's {x0, x2, x1, x3}
+ * then pixel 1's, at d (16 bytes per group). Once per pixel pair instead of once per channel
+ * block. In place when s = d + 2 * kp: group i is read before it is written and its writes end
+ * at d + 16 * (i + 1) <= s + 8 * (i + 1), where group i + 1 starts. */
+static inline void kiln_widen_pair(int8_t *d, const int8_t *s, int32_t kp)
+{
+    for (int32_t g = 0; g < kp; g += 4, s += 8, d += 16) {
+#if KILN_HAVE_DSP
+        const uint32_t v0 = kiln_read_s8x4(s), v1 = kiln_read_s8x4(s + 4);
+        const uint32_t o[4] = {__sxtb16(v0), kiln_sxtb16_ror8(v0), __sxtb16(v1), kiln_sxtb16_ror8(v1)};
+        __builtin_memcpy(d, o, sizeof o);
+#else
+        int16_t o[8];
+        for (int32_t t = 0; t < 8; ++t) {
+            o[(t & 4) + KILN_PERM4(t & 3)] = s[t];
+        }
+        __builtin_memcpy(d, o, sizeof o);
+#endif
+    }
+}
+
 #define KILN_DEF_DOT2X2RQ(NAME, STEP, WSTEP)                                                  \
     static __attribute__((noinline, unused)) void NAME(const int8_t *ap, const int8_t *wp, int32_t n, \
                                                        const int32_t *q, const uint8_t *eb, int32_t O, \
@@ -452,11 +472,11 @@ static inline int32_t kiln_rq_e(int32_t acc, int32_t m, int32_t e, int32_t zh)
         const int8_t *w = (const int8_t *)__builtin_assume_aligned(wp, 8);                   \
         for (int32_t ob = 0; ob < O; ob += 2, q += 4) {                                      \
             const int8_t *a = (const int8_t *)__builtin_assume_aligned(ap, 8);               \
-            const int8_t *const end = a + 2 * n;                                             \
+            const int8_t *const end = a + 4 * n;                                             \
             int32_t s00 = q[0], s01 = q[1], s10 = q[0], s11 = q[1];                          \
-            for (; a + 16 <= end; a += 16, w += 2 * (WSTEP)) {                               \
+            for (; a + 32 <= end; a += 32, w += 2 * (WSTEP)) {                               \
                 STEP(0);                                                                     \
-                STEP(8);                                                                     \
+                STEP(1);                                                                     \
             }                                                                                \
             if (a < end) {                                                                   \
                 STEP(0);                                                                     \
@@ -525,7 +545,8 @@ static __attribute__((noinline, unused)) void kiln_patch_s8(int8_t *pair, int32_
 
 /* One image: x (H x W x C), output oh x ow pixels with O channels at y; window of output pixel
  * (i, j) starts at (i * sh - pt, j * sw - pl). Pixels go in pairs in raster order (a pair may
- * span two rows); patch: 2 * kp + 8 bytes of scratch. wbits: 8 (pack_w8) or 16 (pack_w16). */
+ * span two rows); patch: 4 * kp + 8 bytes of scratch (the int8 pair is built in its upper half,
+ * then widened in place). wbits: 8 (pack_w8) or 16 (pack_w16). */
 static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int32_t H, int32_t W, int32_t C,
                                                            int32_t KH, int32_t KW, int32_t sh, int32_t sw,
                                                            int32_t pt, int32_t pl, int32_t oh, int32_t ow, int32_t zx,
@@ -535,17 +556,19 @@ static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int3
 {
     const int32_t kp = (K + 3) & ~3;
     const uint32_t z4 = ((uint32_t)zx & 0xFFu) * 0x01010101u;
-    int8_t *pair = (int8_t *)(((uintptr_t)patch + 7u) & ~(uintptr_t)7u);
+    int8_t *pair = (int8_t *)(((uintptr_t)patch + 7u) & ~(uintptr_t)7u);   /* the widened pair, 4 * kp bytes */
+    int8_t *pair8 = pair + 2 * kp;                                             /* the int8 pair, its upper half */
     const int32_t zh = 1 + 2 * zy, npix = oh * ow;
     int32_t i = 0, j = 0;
     for (int32_t p = 0; p < npix; p += 2, y += 2 * O) {
-        kiln_patch_s8(pair, 0, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z4, K, kp);
+        kiln_patch_s8(pair8, 0, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z4, K, kp);
         const int32_t two = p + 1 < npix;
         if (two && ++j == ow) {
             j = 0;
             ++i;
         }
-        kiln_patch_s8(pair, 1, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z4, K, kp);
+        kiln_patch_s8(pair8, 1, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z4, K, kp);
+        kiln_widen_pair(pair, pair8, kp);
         if (++j == ow) {
             j = 0;
             ++i;
