@@ -383,19 +383,30 @@ def requant_bound_ok(bound, mult, shift, zy):
 
 
 # ---- fused conv on DSP cores: TVM loops over output rows, kiln_conv_row_s8 per row --------------
-def conv_requant_table(bias, mult, shift):
-    """int32 words: per block of 2 channels {bias0, bias1, mult0, mult1}, then one byte per
-    channel holding e = -shift, the right shift 1..31 (padded to a whole word; the output zero
-    point is a kernel argument: kiln_conv_s8). 9 bytes per channel."""
-    bias = np.asarray(bias, np.int64).reshape(-1, 2)
-    mult = np.asarray(mult, np.int64).reshape(-1, 2)
-    e = -np.asarray(shift, np.int64).reshape(-1)
+def conv_requant_table(bias, mult, shift, zy, const=None):
+    """int32 words: per block of 2 channels {bias0, bias1, mult0, mult1, hz0, hz1} with
+    hz = 2^(e-1) + (zy << e), then one byte per channel holding e = -shift, the right shift 1..31
+    (padded to a whole word): kiln_conv_s8. 13 bytes per channel. ``const``: per channel an int8
+    output or None; a channel with one (its weights are all zero, so its output is a compile-time
+    constant c) gets bias 0, multiplier 0, e = 1 and hz = 2c + 1, which the kernel turns into c."""
+    bias = np.asarray(bias, np.int64).reshape(-1).copy()
+    mult = np.asarray(mult, np.int64).reshape(-1).copy()
+    e = -np.asarray(shift, np.int64).reshape(-1).copy()
+    fixed = np.zeros(e.size, bool) if const is None else np.array([v is not None for v in const])
+    if fixed.any():
+        cv = np.array([0 if v is None else int(v) for v in const], np.int64)
+        bias[fixed], mult[fixed], e[fixed] = 0, 0, 1
     if (e < 1).any() or (e > 31).any():
         raise ValueError("conv_requant_table needs right shifts 1..31 (requant_bound_ok)")
-    words = np.concatenate([bias, mult], axis=1).reshape(-1).astype("<i4")
+    hz = np.left_shift(np.int64(1), e - 1) + np.int64(zy) * np.left_shift(np.int64(1), e)
+    if fixed.any():
+        hz[fixed] = 2 * cv[fixed] + 1
+    if (np.abs(hz) >= 2 ** 31).any():
+        raise ValueError("conv_requant_table: 2^(e-1) + (zy << e) must fit int32 (requant_bound_ok)")
+    words = np.concatenate([bias.reshape(-1, 2), mult.reshape(-1, 2), hz.reshape(-1, 2)], axis=1).reshape(-1)
     eb = np.zeros(-(-e.size // 4) * 4, np.uint8)
     eb[:e.size] = e
-    return np.concatenate([words, eb.view("<i4")]).astype(np.int32)
+    return np.concatenate([words.astype("<i4"), eb.view("<i4")]).astype(np.int32)
 
 
 def conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits, out_shape=None):
