@@ -287,6 +287,9 @@ static inline uint32_t kiln_pack4_clamp(int32_t y0, int32_t y1, int32_t y2, int3
     const uint32_t t02 = __uxtb16(kiln_pkhbt16((uint32_t)__ssat(y0, 8), (uint32_t)__ssat(y2, 8)));
     const uint32_t t13 = __uxtb16(kiln_pkhbt16((uint32_t)__ssat(y1, 8), (uint32_t)__ssat(y3, 8)));
     uint32_t packed = t02 | (t13 << 8);
+    if (lo == -128 && hi == 127) {
+        return packed;   /* SSAT #8 was the whole clamp (loop-invariant; folds in constant-propagated copies) */
+    }
     (void)__ssub8(packed, lo4);
     packed = __sel(packed, lo4);
     (void)__ssub8(hi4, packed);
@@ -349,6 +352,18 @@ static __attribute__((noinline, unused)) void kiln_dw_s8(const int8_t *x, int32_
             KILN_DW_TAP(r2, w, 48);
             KILN_DW_TAP(r2 + col_step, w, 56);
             KILN_DW_TAP(r2 + c2, w, 64);
+        } else if (nw == 3 || nw == 2) {
+            /* a window clipped by the top/bottom or one side: kernel rows in a loop, their 3 or 2
+             * in-bounds taps unrolled */
+            const int8_t *xr = x, *wr = w;
+            const int32_t c2 = 2 * col_step;
+            for (int32_t i = 0; i < nh; ++i, xr += row_step, wr += w_row) {
+                KILN_DW_TAP(xr, wr, 0);
+                KILN_DW_TAP(xr + col_step, wr, 8);
+                if (nw == 3) {
+                    KILN_DW_TAP(xr + c2, wr, 16);
+                }
+            }
         } else {
             const int8_t *xr = x, *wr = w;
             for (int32_t i = 0; i < nh; ++i, xr += row_step, wr += w_row) {
