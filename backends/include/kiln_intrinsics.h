@@ -488,13 +488,14 @@ static inline void kiln_widen_pair(int8_t *d, const int8_t *s, int32_t kp)
             const int8_t *a = (const int8_t *)__builtin_assume_aligned(ap, 8);               \
             const int8_t *const end = a + 4 * n;                                             \
             int32_t s00 = q[0], s01 = q[1], s10 = q[0], s11 = q[1];                          \
-            for (; a + 32 <= end; a += 32, w += 2 * (WSTEP)) {                               \
+            for (; a + 64 <= end; a += 64, w += 4 * (WSTEP)) {                               \
                 STEP(0);                                                                     \
                 STEP(1);                                                                     \
+                STEP(2);                                                                     \
+                STEP(3);                                                                     \
             }                                                                                \
-            if (a < end) {                                                                   \
+            for (; a < end; a += 16, w += (WSTEP)) {                                         \
                 STEP(0);                                                                     \
-                w += (WSTEP);                                                                \
             }                                                                                \
             const int32_t m0 = q[2], m1 = q[3], h0 = q[4], h1 = q[5], e0 = eb[ob], e1 = eb[ob + 1]; \
             const uint32_t v = kiln_pack4_clamp(kiln_dw_requant(2 * s00, m0, h0, e0),                 \
@@ -559,10 +560,57 @@ static __attribute__((noinline, unused)) void kiln_patch_s8(int8_t *pair, int32_
     kiln_put_s8(pair, slot, K, (const int8_t *)&zero4, 0, kp - K);   /* the reduction padded to a multiple of 4 */
 }
 
+/* C % 4 == 0 (so KW * C and every in-bounds run are whole groups of 4 and kp == K): the padded
+ * patch of the output pixel whose window starts at (ih0, iw0) straight into slot `slot` of the
+ * widened pair (the layout kiln_widen_pair writes), each input word loaded and sign-extended once,
+ * out-of-bounds groups filled with z2, the input zero point in both int16 lanes. */
+static inline void kiln_put16(int8_t *d, const int8_t *src, int32_t groups)
+{
+    for (; groups > 0; --groups, src += 4, d += 16) {
+        const uint32_t v = kiln_read_s8x4(src);
+#if KILN_HAVE_DSP
+        const uint32_t o[2] = {__sxtb16(v), kiln_sxtb16_ror8(v)};
+#else
+        const int16_t o[4] = {src[0], src[2], src[1], src[3]};
+        (void)v;
+#endif
+        __builtin_memcpy(d, o, sizeof o);
+    }
+}
+
+static inline void kiln_fill16(int8_t *d, uint32_t z2, int32_t groups)
+{
+    const uint32_t o[2] = {z2, z2};
+    for (; groups > 0; --groups, d += 16) {
+        __builtin_memcpy(d, o, sizeof o);
+    }
+}
+
+static __attribute__((noinline, unused)) void kiln_patch16_s8(int8_t *pair, int32_t slot, const int8_t *x, int32_t ih0,
+                                                              int32_t iw0, int32_t H, int32_t W, int32_t C, int32_t KH,
+                                                              int32_t KW, uint32_t z2)
+{
+    const int32_t kw0 = iw0 < 0 ? -iw0 : 0;
+    const int32_t kw1 = W - iw0 < KW ? W - iw0 : KW;
+    const int32_t g = C / 4, row = KW * g, left = kw0 * g, mid = (kw1 - kw0) * g, right = (KW - kw1) * g;
+    const int8_t *xr = x + (ih0 * W + iw0 + kw0) * C;
+    int8_t *d = pair + 8 * slot;
+    for (int32_t kh = 0; kh < KH; ++kh, d += 16 * row, xr += W * C) {
+        const int32_t ih = ih0 + kh;
+        if (ih < 0 || ih >= H || mid <= 0) {
+            kiln_fill16(d, z2, row);
+        } else {
+            kiln_fill16(d, z2, left);
+            kiln_put16(d + 16 * left, xr, mid);
+            kiln_fill16(d + 16 * (left + mid), z2, right);
+        }
+    }
+}
+
 /* One image: x (H x W x C), output oh x ow pixels with O channels at y; window of output pixel
  * (i, j) starts at (i * sh - pt, j * sw - pl). Pixels go in pairs in raster order (a pair may
- * span two rows); patch: 4 * kp + 8 bytes of scratch (the int8 pair is built in its upper half,
- * then widened in place). wbits: 8 (pack_w8) or 16 (pack_w16). */
+ * span two rows); patch: 4 * kp + 8 bytes of scratch (C % 4 == 0: the widened pair built
+ * directly; otherwise the int8 pair is built in its upper half, then widened in place). wbits: 8 (pack_w8) or 16 (pack_w16). */
 static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int32_t H, int32_t W, int32_t C,
                                                            int32_t KH, int32_t KW, int32_t sh, int32_t sw,
                                                            int32_t pt, int32_t pl, int32_t oh, int32_t ow, int32_t zx,
@@ -571,21 +619,28 @@ static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int3
                                                            int32_t hi, int8_t *y)
 {
     const int32_t kp = (K + 3) & ~3;
-    const uint32_t z4 = ((uint32_t)zx & 0xFFu) * 0x01010101u;
+    const uint32_t z4 = ((uint32_t)zx & 0xFFu) * 0x01010101u, z2 = ((uint32_t)zx & 0xFFFFu) * 0x00010001u;
+    const int direct = C % 4 == 0;   /* whole groups: the widened patch is built directly (kiln_patch16_s8) */
     int8_t *pair = (int8_t *)(((uintptr_t)patch + 7u) & ~(uintptr_t)7u);   /* the widened pair, 4 * kp bytes */
     int8_t *pair8 = pair + 2 * kp;                                             /* the int8 pair, its upper half */
     const int32_t npix = oh * ow;
     (void)zy;   /* folded into q's hz words */
     int32_t i = 0, j = 0;
     for (int32_t p = 0; p < npix; p += 2, y += 2 * O) {
-        kiln_patch_s8(pair8, 0, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z4, K, kp);
+        const int32_t ih0 = i * sh - pt, iw0 = j * sw - pl;
         const int32_t two = p + 1 < npix;
         if (two && ++j == ow) {
             j = 0;
             ++i;
         }
-        kiln_patch_s8(pair8, 1, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z4, K, kp);
-        kiln_widen_pair(pair, pair8, kp);
+        if (direct) {
+            kiln_patch16_s8(pair, 0, x, ih0, iw0, H, W, C, KH, KW, z2);
+            kiln_patch16_s8(pair, 1, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z2);
+        } else {
+            kiln_patch_s8(pair8, 0, x, ih0, iw0, H, W, C, KH, KW, z4, K, kp);
+            kiln_patch_s8(pair8, 1, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z4, K, kp);
+            kiln_widen_pair(pair, pair8, kp);
+        }
         if (++j == ow) {
             j = 0;
             ++i;
