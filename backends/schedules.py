@@ -327,34 +327,21 @@ def dw_dsp_ok(w, bias, mult, shift, zx, zy):
 
 
 def dw_dsp_extern(x, w16, q, G, zx, zy, lo, hi):
-    """The depthwise layer as a TVM loop nest over output pixels, each pixel one call of
-    ``kiln_dw_s8`` with its in-bounds tap range (padding is handled per pixel, outside the
-    channel and tap loops), input/weight pointers at the first in-bounds tap."""
+    """The depthwise layer as one call of ``kiln_dwconv_s8`` per image: the output pixels, each
+    with its in-bounds tap range (padding is handled per pixel, outside the channel and tap
+    loops), are looped over in C (kiln_intrinsics.h)."""
     N, H, W, C = G["N"], G["H"], G["W"], G["C"]
     oh, ow, KH, KW = G["oh"], G["ow"], G["KH"], G["KW"]
-    sh, sw, dh, dw, pt, pl = G["sh"], G["sw"], G["dh"], G["dw"], G["pt"], G["pl"]
 
     def fcompute(ins, outs):
         xb, wb, qb = ins
         yb = outs[0]
-        n, i, j = (tirx.Var(v, "int32") for v in ("n", "i", "j"))
-        ih0 = i * c(sh) - c(pt)
-        iw0 = j * c(sw) - c(pl)
-        kh0 = tirx.max(c(0), tirx.floordiv(c(0) - ih0 + c(dh - 1), c(dh)))
-        kw0 = tirx.max(c(0), tirx.floordiv(c(0) - iw0 + c(dw - 1), c(dw)))
-        kh1 = tirx.min(c(KH), tirx.floordiv(c(H) - ih0 + c(dh - 1), c(dh)))
-        kw1 = tirx.min(c(KW), tirx.floordiv(c(W) - iw0 + c(dw - 1), c(dw)))
-        xoff = ((n * c(H) + ih0 + kh0 * c(dh)) * c(W) + iw0 + kw0 * c(dw)) * c(C)
-        woff = (kh0 * c(KW) + kw0) * c(8)
-        yoff = ((n * c(oh) + i) * c(ow) + j) * c(C)
-        call = tirx.call_extern("void", "kiln_dw_s8", xb.access_ptr("r", offset=xoff), c(dw * C), c(dh * W * C),
-                                kh1 - kh0, kw1 - kw0, wb.access_ptr("r", offset=woff), c(KW * 8), c(KH * KW * 8),
-                                c(C), c(-zx), qb.access_ptr("r"), c(zy), c(lo), c(hi),
-                                yb.access_ptr("w", offset=yoff))
-        body = tirx.Evaluate(call)
-        for v, ext in reversed([(n, N), (i, oh), (j, ow)]):
-            body = tirx.For(v, c(0), c(ext), tirx.ForKind.SERIAL, body)
-        return body
+        n = tirx.Var("n", "int32")
+        call = tirx.call_extern("void", "kiln_dwconv_s8", xb.access_ptr("r", offset=n * c(H * W * C)),
+                                c(H), c(W), c(C), c(KH), c(KW), c(G["sh"]), c(G["sw"]), c(G["dh"]), c(G["dw"]),
+                                c(G["pt"]), c(G["pl"]), c(oh), c(ow), c(zx), wb.access_ptr("r"), qb.access_ptr("r"),
+                                c(lo), c(hi), yb.access_ptr("w", offset=n * c(oh * ow * C)))
+        return tirx.For(n, c(0), c(N), tirx.ForKind.SERIAL, tirx.Evaluate(call))
     bufs = [tirx.decl_buffer(t.shape, t.dtype, name=t.op.name, elem_offset=0) for t in (x, w16, q)]
     yb = tirx.decl_buffer((N, oh, ow, C), "int8", name="dwconv", elem_offset=0)
     return te.extern((N, oh, ow, C), [x, w16, q], fcompute, name="dwconv", dtype="int8",

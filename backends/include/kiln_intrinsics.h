@@ -326,7 +326,7 @@ static inline uint32_t kiln_pack4_clamp(int32_t y0, int32_t y1, int32_t y2, int3
     } while (0)
 #endif
 
-static __attribute__((noinline, unused)) void kiln_dw_s8(const int8_t *x, int32_t col_step, int32_t row_step,
+static inline __attribute__((always_inline)) void kiln_dw_s8(const int8_t *x, int32_t col_step, int32_t row_step,
                                                          int32_t nh, int32_t nw, const int8_t *wp, int32_t w_row,
                                                          int32_t w_block, int32_t C, int32_t a_offset,
                                                          const int32_t *q, int32_t zy, int32_t lo, int32_t hi,
@@ -379,6 +379,38 @@ static __attribute__((noinline, unused)) void kiln_dw_s8(const int8_t *x, int32_
         const int32_t y3 = kiln_dw_requant(s3, q[7], q[11], q[15]);
         const uint32_t packed = kiln_pack4_clamp(y0, y1, y2, y3, lo, hi);
         __builtin_memcpy(y, &packed, sizeof packed);
+    }
+}
+
+/* floor(a / b) for b > 0 */
+static inline int32_t kiln_floordiv(int32_t a, int32_t b)
+{
+    return a >= 0 ? a / b : -((b - 1 - a) / b);
+}
+
+/* One depthwise image (schedules.dw_dsp_extern): x (H x W x C), output oh x ow pixels at y. Each
+ * output pixel runs kiln_dw_s8 (inlined) over its in-bounds taps, so the per-pixel window
+ * arithmetic and the call are paid once per pixel in C, not per pixel through a 15-argument call. */
+static __attribute__((noinline, unused)) void kiln_dwconv_s8(const int8_t *x, int32_t H, int32_t W, int32_t C,
+                                                             int32_t KH, int32_t KW, int32_t sh, int32_t sw,
+                                                             int32_t dh, int32_t dw, int32_t pt, int32_t pl,
+                                                             int32_t oh, int32_t ow, int32_t zx, const int8_t *wp,
+                                                             const int32_t *q, int32_t lo, int32_t hi, int8_t *y)
+{
+    for (int32_t i = 0; i < oh; ++i) {
+        const int32_t ih0 = i * sh - pt;
+        const int32_t kh0 = ih0 < 0 ? kiln_floordiv(dh - 1 - ih0, dh) : 0;
+        const int32_t kh1t = kiln_floordiv(H - ih0 + dh - 1, dh);
+        const int32_t kh1 = kh1t < KH ? kh1t : KH;
+        for (int32_t j = 0; j < ow; ++j, y += C) {
+            const int32_t iw0 = j * sw - pl;
+            const int32_t kw0 = iw0 < 0 ? kiln_floordiv(dw - 1 - iw0, dw) : 0;
+            const int32_t kw1t = kiln_floordiv(W - iw0 + dw - 1, dw);
+            const int32_t kw1 = kw1t < KW ? kw1t : KW;
+            const int8_t *xp = x + ((ih0 + kh0 * dh) * W + iw0 + kw0 * dw) * C;
+            kiln_dw_s8(xp, dw * C, dh * W * C, kh1 - kh0, kw1 - kw0, wp + (kh0 * KW + kw0) * 8, KW * 8,
+                       KH * KW * 8, C, -zx, q, 0, lo, hi, y);
+        }
     }
 }
 
