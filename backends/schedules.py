@@ -407,7 +407,7 @@ def conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits, out_shape=None):
     def fcompute(ins, outs):
         xb, wb, qb = ins
         yb = outs[0]
-        patch = tirx.decl_buffer((4 * ((K + 3) // 4 * 4) + 8,), "int8", name="patch")
+        patch = tirx.decl_buffer(((4 if C % 4 == 0 else 6) * ((K + 3) // 4 * 4) + 8,), "int8", name="patch")
         n = tirx.Var("n", "int32")
         call = tirx.call_extern("void", "kiln_conv_s8", xb.access_ptr("r", offset=n * c(H * W * C)),
                                 c(H), c(W), c(C), c(KH), c(KW), c(G["sh"]), c(G["sw"]), c(G["pt"]), c(G["pl"]),

@@ -419,7 +419,7 @@ static __attribute__((noinline, unused)) void kiln_dwconv_s8(const int8_t *x, in
  * pair the two padded patches [KH][KW][C] (in-bounds runs copied a word at a time when C % 4 == 0,
  * out-of-bounds taps filled with the input zero point, the reduction zero-padded to a multiple
  * of 4) are written interleaved, per group of 4 reduction indices pixel 0's 4 bytes then pixel
- * 1's, and then widened to int16 once (kiln_widen_pair), so the inner loop never sign-extends an
+ * 1's, and then widened to int16 once (kiln_put16), so the inner loop never sign-extends an
  * input. Then per block of 2 output channels a 2-channel x 2-pixel tile (4 accumulators; the
  * weights are int8, packed by schedules.pack_w8 with nb = 2: per group of 4 reduction indices
  * channel 0's 4 weights then channel 1's), each weight word sign-extended once (SXTB16, SXTB16
@@ -436,7 +436,7 @@ static __attribute__((noinline, unused)) void kiln_dwconv_s8(const int8_t *x, in
     S0 = (int32_t)__smlad(a0h_, (WH), S0);                                        \
     S1 = (int32_t)__smlad(a1l_, (WL), S1);                                        \
     S1 = (int32_t)__smlad(a1h_, (WH), S1)
-/* group G of the widened pair (kiln_widen_pair: 16 bytes, pixel 0's {x0, x2} {x1, x3} then
+/* group G of the widened pair (kiln_put16: 16 bytes, pixel 0's {x0, x2} {x1, x3} then
  * pixel 1's): two LDRDs, no sign extension in the inner loop */
 #define KILN_D22_INPUT(G)                                                         \
     uint32_t a0l_, a0h_, a1l_, a1h_, w0_, w1_;                                    \
@@ -482,30 +482,8 @@ static __attribute__((noinline, unused)) void kiln_dwconv_s8(const int8_t *x, in
 #define KILN_D22W_STEP(G) KILN_D22_C(G, KILN_W16_AT)
 #endif
 
-/* The int8 pair (per group of 4 reduction indices pixel 0's 4 bytes then pixel 1's, at s) widened
- * to int16 in the lane order SXTB16 / SXTB16 ROR #8 give, per group pixel 0's {x0, x2, x1, x3}
- * then pixel 1's, at d (16 bytes per group). Once per pixel pair instead of once per channel
- * block. In place when s = d + 2 * kp: group i is read before it is written and its writes end
- * at d + 16 * (i + 1) <= s + 8 * (i + 1), where group i + 1 starts. */
-static inline void kiln_widen_pair(int8_t *d, const int8_t *s, int32_t kp)
-{
-    for (int32_t g = 0; g < kp; g += 4, s += 8, d += 16) {
-#if KILN_HAVE_DSP
-        const uint32_t v0 = kiln_read_s8x4(s), v1 = kiln_read_s8x4(s + 4);
-        const uint32_t o[4] = {__sxtb16(v0), kiln_sxtb16_ror8(v0), __sxtb16(v1), kiln_sxtb16_ror8(v1)};
-        __builtin_memcpy(d, o, sizeof o);
-#else
-        int16_t o[8];
-        for (int32_t t = 0; t < 8; ++t) {
-            o[(t & 4) + KILN_PERM4(t & 3)] = s[t];
-        }
-        __builtin_memcpy(d, o, sizeof o);
-#endif
-    }
-}
-
 /* All O output channels of one pixel pair, 2 at a time. a: the widened patch pair
- * (kiln_widen_pair, 8-byte aligned); w: the packed weights (8-byte aligned, channel blocks
+ * (kiln_put16, 8-byte aligned); w: the packed weights (8-byte aligned, channel blocks
  * contiguous, so w just runs on); n: the padded reduction length (a multiple of 4); q: per block
  * {bias0, bias1, mult0, mult1, hz0, hz1}; eb: one right-shift byte per channel; writes y0[0..O-1]
  * and y1[0..O-1]. The channel loop is inside (one call per pixel pair, not per channel block:
@@ -592,13 +570,14 @@ static __attribute__((noinline, unused)) void kiln_patch_s8(int8_t *pair, int32_
     kiln_put_s8(pair, slot, K, (const int8_t *)&zero4, 0, kp - K);   /* the reduction padded to a multiple of 4 */
 }
 
-/* C % 4 == 0 (so KW * C and every in-bounds run are whole groups of 4 and kp == K): the padded
- * patch of the output pixel whose window starts at (ih0, iw0) straight into slot `slot` of the
- * widened pair (the layout kiln_widen_pair writes), each input word loaded and sign-extended once,
- * out-of-bounds groups filled with z2, the input zero point in both int16 lanes. */
-static inline void kiln_put16(int8_t *d, const int8_t *src, int32_t groups)
+/* The widened pair: per group of 4 reduction indices, pixel 0's int16 {x0, x2, x1, x3} (the lanes
+ * SXTB16 / SXTB16 ROR #8 give) then pixel 1's, 16 bytes per group, 8-byte aligned.
+ * kiln_put16 widens `groups` groups of int8 (4 bytes each, `step` bytes apart at src) into one
+ * slot (d: the slot's first group), each input word loaded and sign-extended once per pixel, not
+ * once per channel block. */
+static inline void kiln_put16(int8_t *d, const int8_t *src, int32_t step, int32_t groups)
 {
-    for (; groups > 0; --groups, src += 4, d += 16) {
+    for (; groups > 0; --groups, src += step, d += 16) {
         const uint32_t v = kiln_read_s8x4(src);
 #if KILN_HAVE_DSP
         const uint32_t o[2] = {__sxtb16(v), kiln_sxtb16_ror8(v)};
@@ -618,6 +597,9 @@ static inline void kiln_fill16(int8_t *d, uint32_t z2, int32_t groups)
     }
 }
 
+/* C % 4 == 0 (so KW * C and every in-bounds run are whole groups of 4 and kp == K): the padded
+ * patch of the output pixel whose window starts at (ih0, iw0) straight into slot `slot` of the
+ * widened pair, out-of-bounds groups filled with z2 (the input zero point in both int16 lanes). */
 static __attribute__((noinline, unused)) void kiln_patch16_s8(int8_t *pair, int32_t slot, const int8_t *x, int32_t ih0,
                                                               int32_t iw0, int32_t H, int32_t W, int32_t C, int32_t KH,
                                                               int32_t KW, uint32_t z2)
@@ -633,16 +615,56 @@ static __attribute__((noinline, unused)) void kiln_patch16_s8(int8_t *pair, int3
             kiln_fill16(d, z2, row);
         } else {
             kiln_fill16(d, z2, left);
-            kiln_put16(d + 16 * left, xr, mid);
+            kiln_put16(d + 16 * left, xr, 4, mid);
             kiln_fill16(d + 16 * (left + mid), z2, right);
         }
     }
 }
 
+/* n bytes from s to d, a word at a time (unaligned loads and stores are fine on Armv7-M and the
+ * host); the tail unrolled (see kiln_put_s8) */
+static inline void kiln_copy_s8(int8_t *d, const int8_t *s, int32_t n)
+{
+    for (; n >= 4; n -= 4, s += 4, d += 4) {
+        const uint32_t v = kiln_read_s8x4(s);
+        __builtin_memcpy(d, &v, sizeof v);
+    }
+    if (n > 0) d[0] = s[0];
+    if (n > 1) d[1] = s[1];
+    if (n > 2) d[2] = s[2];
+}
+
+/* C % 4 != 0 (the first layers: 1 or 3 input channels): the patch of the pixel whose window
+ * starts at (ih0, iw0) into slot `slot` of the widened pair through lin (2 * kp bytes of
+ * scratch). A window inside the image is KH runs of KW * C contiguous bytes: copied a word at a
+ * time into lin as one run of K bytes (zero-padded to kp), then widened. A clipped one is built by
+ * kiln_patch_s8 (zero point fill) in slot 0 of an int8 pair at lin, then widened. */
+static __attribute__((noinline, unused)) void kiln_patch_small_s8(int8_t *pair, int32_t slot, const int8_t *x,
+                                                                  int32_t ih0, int32_t iw0, int32_t H, int32_t W,
+                                                                  int32_t C, int32_t KH, int32_t KW, uint32_t z4,
+                                                                  int32_t K, int32_t kp, int8_t *lin)
+{
+    if (ih0 >= 0 && iw0 >= 0 && ih0 + KH <= H && iw0 + KW <= W) {
+        const int32_t row = KW * C;
+        const int8_t *xr = x + (ih0 * W + iw0) * C;
+        int8_t *l = lin;
+        for (int32_t kh = 0; kh < KH; ++kh, l += row, xr += W * C) {
+            kiln_copy_s8(l, xr, row);
+        }
+        for (int32_t k = K; k < kp; ++k) {
+            lin[k] = 0;
+        }
+        kiln_put16(pair + 8 * slot, lin, 4, kp / 4);
+    } else {
+        kiln_patch_s8(lin, 0, x, ih0, iw0, H, W, C, KH, KW, z4, K, kp);
+        kiln_put16(pair + 8 * slot, lin, 8, kp / 4);
+    }
+}
+
 /* One image: x (H x W x C), output oh x ow pixels with O channels at y; window of output pixel
  * (i, j) starts at (i * sh - pt, j * sw - pl). Pixels go in pairs in raster order (a pair may
- * span two rows); patch: 4 * kp + 8 bytes of scratch (C % 4 == 0: the widened pair built
- * directly; otherwise the int8 pair is built in its upper half, then widened in place). wbits: 8 (pack_w8) or 16 (pack_w16). */
+ * span two rows); patch: 4 * kp + 8 bytes of scratch for the widened pair (C % 4 == 0: built
+ * directly, kiln_patch16_s8), 2 * kp more when C % 4 != 0 (kiln_patch_small_s8). wbits: 8 (pack_w8) or 16 (pack_w16). */
 static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int32_t H, int32_t W, int32_t C,
                                                            int32_t KH, int32_t KW, int32_t sh, int32_t sw,
                                                            int32_t pt, int32_t pl, int32_t oh, int32_t ow, int32_t zx,
@@ -654,7 +676,7 @@ static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int3
     const uint32_t z4 = ((uint32_t)zx & 0xFFu) * 0x01010101u, z2 = ((uint32_t)zx & 0xFFFFu) * 0x00010001u;
     const int direct = C % 4 == 0;   /* whole groups: the widened patch is built directly (kiln_patch16_s8) */
     int8_t *pair = (int8_t *)(((uintptr_t)patch + 7u) & ~(uintptr_t)7u);   /* the widened pair, 4 * kp bytes */
-    int8_t *pair8 = pair + 2 * kp;                                             /* the int8 pair, its upper half */
+    int8_t *lin = pair + 4 * kp;                                               /* C % 4 != 0: 2 * kp bytes */
     const int32_t npix = oh * ow;
     (void)zy;   /* folded into q's hz words */
     int32_t i = 0, j = 0;
@@ -669,9 +691,8 @@ static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int3
             kiln_patch16_s8(pair, 0, x, ih0, iw0, H, W, C, KH, KW, z2);
             kiln_patch16_s8(pair, 1, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z2);
         } else {
-            kiln_patch_s8(pair8, 0, x, ih0, iw0, H, W, C, KH, KW, z4, K, kp);
-            kiln_patch_s8(pair8, 1, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z4, K, kp);
-            kiln_widen_pair(pair, pair8, kp);
+            kiln_patch_small_s8(pair, 0, x, ih0, iw0, H, W, C, KH, KW, z4, K, kp, lin);
+            kiln_patch_small_s8(pair, 1, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z4, K, kp, lin);
         }
         if (++j == ow) {
             j = 0;
