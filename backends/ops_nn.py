@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
+from kiln.frontend.fixedpoint import multiply_by_quantized_multiplier
 from kiln.frontend.ops.int8util import channel_params, per_tensor
 from kiln.frontend.ops.nn import conv_geometry, fc_effective_scales, fc_requant_constants, pool_geometry
 
@@ -165,7 +166,9 @@ def _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty, out_shape=None):
     """int8 groups-1 conv on DSP cores, one ``kiln_conv_s8`` call per image
     (``schedules.conv_fused_extern``): None when it does not apply (weights/bias not constant,
     C_out odd, dilation, the zero point not foldable, a left shift or an accumulator bound the
-    requantisation shortcut does not allow, an input that is not a kernel argument)."""
+    requantisation shortcut does not allow, an input that is not a kernel argument). A channel
+    whose weights are all zero outputs a compile-time constant (its bias requantised), whatever
+    its multiplier and shift (pruned channels often carry huge biases and scales)."""
     if not isinstance(x.op, te.PlaceholderOp) or G["O"] % 2 or G["dh"] != 1 or G["dw"] != 1:
         return None
     O = G["O"]
@@ -176,18 +179,21 @@ def _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty, out_shape=None):
     wr = np.asarray(w).reshape(O, -1)
     mult, shift = qmath.linear_requant(tx, tw, ty, O)
     zy = _zp(ty)
-    if not schedules.requant_bound_ok(schedules.acc_bound(wr, bias, zx), mult, shift, zy):
+    lo, hi = qmath.activation_range(node.attrs["activation"], _scale(ty), zy)
+    live = wr.any(axis=1)
+    if not schedules.requant_bound_ok(schedules.acc_bound(wr[live], bias[live], zx), mult[live], shift[live], zy):
         return None
     folded = bias - int(zx) * wr.astype(np.int64).sum(axis=1)
-    if np.abs(folded).max(initial=0) >= 2 ** 31:
+    if np.abs(folded[live]).max(initial=0) >= 2 ** 31:
         return None
-    lo, hi = qmath.activation_range(node.attrs["activation"], _scale(ty), zy)
+    fixed = np.clip(multiply_by_quantized_multiplier(bias, mult, shift) + zy, lo, hi)
+    const = [None if lv else int(v) for lv, v in zip(live, fixed)]
     Kp = -(-wr.shape[1] // 4) * 4     # the patch is zero-padded to Kp: no tail loop
     wpad = np.zeros((O, Kp), np.int8)
     wpad[:, :wr.shape[1]] = wr
     bits = schedules.weight_bits(O, wr.shape[1], k.target.optimize)
     wp = k.const("w_packed", schedules.pack_w16(wpad, 2) if bits == 16 else schedules.pack_w8(wpad, 2))
-    q = k.const("convq", schedules.conv_requant_table(folded, mult, shift))
+    q = k.const("convq", schedules.conv_requant_table(folded, mult, shift, zy, const))
     k.schedule(lambda sch, out_block: None)
     return schedules.conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits, out_shape)
 

@@ -327,34 +327,21 @@ def dw_dsp_ok(w, bias, mult, shift, zx, zy):
 
 
 def dw_dsp_extern(x, w16, q, G, zx, zy, lo, hi):
-    """The depthwise layer as a TVM loop nest over output pixels, each pixel one call of
-    ``kiln_dw_s8`` with its in-bounds tap range (padding is handled per pixel, outside the
-    channel and tap loops), input/weight pointers at the first in-bounds tap."""
+    """The depthwise layer as one call of ``kiln_dwconv_s8`` per image: the output pixels, each
+    with its in-bounds tap range (padding is handled per pixel, outside the channel and tap
+    loops), are looped over in C (kiln_intrinsics.h)."""
     N, H, W, C = G["N"], G["H"], G["W"], G["C"]
     oh, ow, KH, KW = G["oh"], G["ow"], G["KH"], G["KW"]
-    sh, sw, dh, dw, pt, pl = G["sh"], G["sw"], G["dh"], G["dw"], G["pt"], G["pl"]
 
     def fcompute(ins, outs):
         xb, wb, qb = ins
         yb = outs[0]
-        n, i, j = (tirx.Var(v, "int32") for v in ("n", "i", "j"))
-        ih0 = i * c(sh) - c(pt)
-        iw0 = j * c(sw) - c(pl)
-        kh0 = tirx.max(c(0), tirx.floordiv(c(0) - ih0 + c(dh - 1), c(dh)))
-        kw0 = tirx.max(c(0), tirx.floordiv(c(0) - iw0 + c(dw - 1), c(dw)))
-        kh1 = tirx.min(c(KH), tirx.floordiv(c(H) - ih0 + c(dh - 1), c(dh)))
-        kw1 = tirx.min(c(KW), tirx.floordiv(c(W) - iw0 + c(dw - 1), c(dw)))
-        xoff = ((n * c(H) + ih0 + kh0 * c(dh)) * c(W) + iw0 + kw0 * c(dw)) * c(C)
-        woff = (kh0 * c(KW) + kw0) * c(8)
-        yoff = ((n * c(oh) + i) * c(ow) + j) * c(C)
-        call = tirx.call_extern("void", "kiln_dw_s8", xb.access_ptr("r", offset=xoff), c(dw * C), c(dh * W * C),
-                                kh1 - kh0, kw1 - kw0, wb.access_ptr("r", offset=woff), c(KW * 8), c(KH * KW * 8),
-                                c(C), c(-zx), qb.access_ptr("r"), c(zy), c(lo), c(hi),
-                                yb.access_ptr("w", offset=yoff))
-        body = tirx.Evaluate(call)
-        for v, ext in reversed([(n, N), (i, oh), (j, ow)]):
-            body = tirx.For(v, c(0), c(ext), tirx.ForKind.SERIAL, body)
-        return body
+        n = tirx.Var("n", "int32")
+        call = tirx.call_extern("void", "kiln_dwconv_s8", xb.access_ptr("r", offset=n * c(H * W * C)),
+                                c(H), c(W), c(C), c(KH), c(KW), c(G["sh"]), c(G["sw"]), c(G["dh"]), c(G["dw"]),
+                                c(G["pt"]), c(G["pl"]), c(oh), c(ow), c(zx), wb.access_ptr("r"), qb.access_ptr("r"),
+                                c(lo), c(hi), yb.access_ptr("w", offset=n * c(oh * ow * C)))
+        return tirx.For(n, c(0), c(N), tirx.ForKind.SERIAL, tirx.Evaluate(call))
     bufs = [tirx.decl_buffer(t.shape, t.dtype, name=t.op.name, elem_offset=0) for t in (x, w16, q)]
     yb = tirx.decl_buffer((N, oh, ow, C), "int8", name="dwconv", elem_offset=0)
     return te.extern((N, oh, ow, C), [x, w16, q], fcompute, name="dwconv", dtype="int8",
@@ -383,19 +370,30 @@ def requant_bound_ok(bound, mult, shift, zy):
 
 
 # ---- fused conv on DSP cores: TVM loops over output rows, kiln_conv_row_s8 per row --------------
-def conv_requant_table(bias, mult, shift):
-    """int32 words: per block of 2 channels {bias0, bias1, mult0, mult1}, then one byte per
-    channel holding e = -shift, the right shift 1..31 (padded to a whole word; the output zero
-    point is a kernel argument: kiln_conv_s8). 9 bytes per channel."""
-    bias = np.asarray(bias, np.int64).reshape(-1, 2)
-    mult = np.asarray(mult, np.int64).reshape(-1, 2)
-    e = -np.asarray(shift, np.int64).reshape(-1)
+def conv_requant_table(bias, mult, shift, zy, const=None):
+    """int32 words: per block of 2 channels {bias0, bias1, mult0, mult1, hz0, hz1} with
+    hz = 2^(e-1) + (zy << e), then one byte per channel holding e = -shift, the right shift 1..31
+    (padded to a whole word): kiln_conv_s8. 13 bytes per channel. ``const``: per channel an int8
+    output or None; a channel with one (its weights are all zero, so its output is a compile-time
+    constant c) gets bias 0, multiplier 0, e = 1 and hz = 2c + 1, which the kernel turns into c."""
+    bias = np.asarray(bias, np.int64).reshape(-1).copy()
+    mult = np.asarray(mult, np.int64).reshape(-1).copy()
+    e = -np.asarray(shift, np.int64).reshape(-1).copy()
+    fixed = np.zeros(e.size, bool) if const is None else np.array([v is not None for v in const])
+    if fixed.any():
+        cv = np.array([0 if v is None else int(v) for v in const], np.int64)
+        bias[fixed], mult[fixed], e[fixed] = 0, 0, 1
     if (e < 1).any() or (e > 31).any():
         raise ValueError("conv_requant_table needs right shifts 1..31 (requant_bound_ok)")
-    words = np.concatenate([bias, mult], axis=1).reshape(-1).astype("<i4")
+    hz = np.left_shift(np.int64(1), e - 1) + np.int64(zy) * np.left_shift(np.int64(1), e)
+    if fixed.any():
+        hz[fixed] = 2 * cv[fixed] + 1
+    if (np.abs(hz) >= 2 ** 31).any():
+        raise ValueError("conv_requant_table: 2^(e-1) + (zy << e) must fit int32 (requant_bound_ok)")
+    words = np.concatenate([bias.reshape(-1, 2), mult.reshape(-1, 2), hz.reshape(-1, 2)], axis=1).reshape(-1)
     eb = np.zeros(-(-e.size // 4) * 4, np.uint8)
     eb[:e.size] = e
-    return np.concatenate([words, eb.view("<i4")]).astype(np.int32)
+    return np.concatenate([words.astype("<i4"), eb.view("<i4")]).astype(np.int32)
 
 
 def conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits, out_shape=None):
@@ -409,7 +407,7 @@ def conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits, out_shape=None):
     def fcompute(ins, outs):
         xb, wb, qb = ins
         yb = outs[0]
-        patch = tirx.decl_buffer((2 * ((K + 3) // 4 * 4) + 8,), "int8", name="patch")
+        patch = tirx.decl_buffer(((4 if C % 4 == 0 else 6) * ((K + 3) // 4 * 4) + 8,), "int8", name="patch")
         n = tirx.Var("n", "int32")
         call = tirx.call_extern("void", "kiln_conv_s8", xb.access_ptr("r", offset=n * c(H * W * C)),
                                 c(H), c(W), c(C), c(KH), c(KW), c(G["sh"]), c(G["sw"]), c(G["pt"]), c(G["pl"]),

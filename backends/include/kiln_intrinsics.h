@@ -287,6 +287,9 @@ static inline uint32_t kiln_pack4_clamp(int32_t y0, int32_t y1, int32_t y2, int3
     const uint32_t t02 = __uxtb16(kiln_pkhbt16((uint32_t)__ssat(y0, 8), (uint32_t)__ssat(y2, 8)));
     const uint32_t t13 = __uxtb16(kiln_pkhbt16((uint32_t)__ssat(y1, 8), (uint32_t)__ssat(y3, 8)));
     uint32_t packed = t02 | (t13 << 8);
+    if (lo == -128 && hi == 127) {
+        return packed;   /* SSAT #8 was the whole clamp (loop-invariant; folds in constant-propagated copies) */
+    }
     (void)__ssub8(packed, lo4);
     packed = __sel(packed, lo4);
     (void)__ssub8(hi4, packed);
@@ -323,7 +326,7 @@ static inline uint32_t kiln_pack4_clamp(int32_t y0, int32_t y1, int32_t y2, int3
     } while (0)
 #endif
 
-static __attribute__((noinline, unused)) void kiln_dw_s8(const int8_t *x, int32_t col_step, int32_t row_step,
+static inline __attribute__((always_inline)) void kiln_dw_s8(const int8_t *x, int32_t col_step, int32_t row_step,
                                                          int32_t nh, int32_t nw, const int8_t *wp, int32_t w_row,
                                                          int32_t w_block, int32_t C, int32_t a_offset,
                                                          const int32_t *q, int32_t zy, int32_t lo, int32_t hi,
@@ -349,6 +352,18 @@ static __attribute__((noinline, unused)) void kiln_dw_s8(const int8_t *x, int32_
             KILN_DW_TAP(r2, w, 48);
             KILN_DW_TAP(r2 + col_step, w, 56);
             KILN_DW_TAP(r2 + c2, w, 64);
+        } else if (nw == 3 || nw == 2) {
+            /* a window clipped by the top/bottom or one side: kernel rows in a loop, their 3 or 2
+             * in-bounds taps unrolled */
+            const int8_t *xr = x, *wr = w;
+            const int32_t c2 = 2 * col_step;
+            for (int32_t i = 0; i < nh; ++i, xr += row_step, wr += w_row) {
+                KILN_DW_TAP(xr, wr, 0);
+                KILN_DW_TAP(xr + col_step, wr, 8);
+                if (nw == 3) {
+                    KILN_DW_TAP(xr + c2, wr, 16);
+                }
+            }
         } else {
             const int8_t *xr = x, *wr = w;
             for (int32_t i = 0; i < nh; ++i, xr += row_step, wr += w_row) {
@@ -367,26 +382,52 @@ static __attribute__((noinline, unused)) void kiln_dw_s8(const int8_t *x, int32_
     }
 }
 
+/* floor(a / b) for b > 0 */
+static inline int32_t kiln_floordiv(int32_t a, int32_t b)
+{
+    return a >= 0 ? a / b : -((b - 1 - a) / b);
+}
+
+/* One depthwise image (schedules.dw_dsp_extern): x (H x W x C), output oh x ow pixels at y. Each
+ * output pixel runs kiln_dw_s8 (inlined) over its in-bounds taps, so the per-pixel window
+ * arithmetic and the call are paid once per pixel in C, not per pixel through a 15-argument call. */
+static __attribute__((noinline, unused)) void kiln_dwconv_s8(const int8_t *x, int32_t H, int32_t W, int32_t C,
+                                                             int32_t KH, int32_t KW, int32_t sh, int32_t sw,
+                                                             int32_t dh, int32_t dw, int32_t pt, int32_t pl,
+                                                             int32_t oh, int32_t ow, int32_t zx, const int8_t *wp,
+                                                             const int32_t *q, int32_t lo, int32_t hi, int8_t *y)
+{
+    for (int32_t i = 0; i < oh; ++i) {
+        const int32_t ih0 = i * sh - pt;
+        const int32_t kh0 = ih0 < 0 ? kiln_floordiv(dh - 1 - ih0, dh) : 0;
+        const int32_t kh1t = kiln_floordiv(H - ih0 + dh - 1, dh);
+        const int32_t kh1 = kh1t < KH ? kh1t : KH;
+        for (int32_t j = 0; j < ow; ++j, y += C) {
+            const int32_t iw0 = j * sw - pl;
+            const int32_t kw0 = iw0 < 0 ? kiln_floordiv(dw - 1 - iw0, dw) : 0;
+            const int32_t kw1t = kiln_floordiv(W - iw0 + dw - 1, dw);
+            const int32_t kw1 = kw1t < KW ? kw1t : KW;
+            const int8_t *xp = x + ((ih0 + kh0 * dh) * W + iw0 + kw0 * dw) * C;
+            kiln_dw_s8(xp, dw * C, dh * W * C, kh1 - kh0, kw1 - kw0, wp + (kh0 * KW + kw0) * 8, KW * 8,
+                       KH * KW * 8, C, -zx, q, 0, lo, hi, y);
+        }
+    }
+}
+
 /* ---- fused conv (groups 1, dilation 1, C_out % 2 == 0): ops_nn._conv_dsp_fused ----------------
  * One call per output row (schedules.conv_fused_extern). Output pixels go in pairs: for each
  * pair the two padded patches [KH][KW][C] (in-bounds runs copied a word at a time when C % 4 == 0,
  * out-of-bounds taps filled with the input zero point, the reduction zero-padded to a multiple
  * of 4) are written interleaved, per group of 4 reduction indices pixel 0's 4 bytes then pixel
- * 1's, so one LDRD reads both. Then per block of 2 output channels one call of kiln_dot2x2rq_w8:
- * a 2-channel x 2-pixel tile (4 accumulators; the weights are int8, packed by schedules.pack_w8
- * with nb = 2: per group of 4 reduction indices channel 0's 4 weights then channel 1's), so each
- * weight word is sign-extended once (SXTB16, SXTB16 ROR #8) for two pixels and each input word
- * once for two channels: per 16 MACs two LDRD, eight SXTB16, eight SMLAD. Odd rows end with the
+ * 1's, and then widened to int16 once (kiln_put16), so the inner loop never sign-extends an
+ * input. Then per block of 2 output channels a 2-channel x 2-pixel tile (4 accumulators; the
+ * weights are int8, packed by schedules.pack_w8 with nb = 2: per group of 4 reduction indices
+ * channel 0's 4 weights then channel 1's), each weight word sign-extended once (SXTB16, SXTB16
+ * ROR #8) for both pixels: per 16 MACs three LDRD, four SXTB16, eight SMLAD. Odd rows end with the
  * last pixel in both slots (its outputs are written twice, to the same place).
- * q: per block of 2 channels {bias0, bias1, mult0, mult1} (int32), then one byte per channel:
- * e, the right shift (>= 1); zh = 1 + 2 * zy, so half + (zy << e) = zh << (e - 1). Requantisation as kiln_dw_s8
- * (exact: schedules.requant_bound_ok holds, checked at compile time). */
-
-/* requantise acc (not doubled) with multiplier m, right shift e >= 1, zh = 1 + 2 * zy */
-static inline int32_t kiln_rq_e(int32_t acc, int32_t m, int32_t e, int32_t zh)
-{
-    return kiln_dw_requant(2 * acc, m, (int32_t)((uint32_t)zh << (e - 1)), e);
-}
+ * q: per block of 2 channels {bias0, bias1, mult0, mult1, hz0, hz1} (int32, hz = half + (zy << e)),
+ * then one byte per channel: e, the right shift (>= 1) (schedules.conv_requant_table).
+ * Requantisation as kiln_dw_s8 (exact: schedules.requant_bound_ok holds, checked at compile time). */
 
 #if KILN_HAVE_DSP
 /* the four SMLADs of one weight pair (WL, WH: lanes {0,2} and {1,3}) against both pixels */
@@ -395,36 +436,40 @@ static inline int32_t kiln_rq_e(int32_t acc, int32_t m, int32_t e, int32_t zh)
     S0 = (int32_t)__smlad(a0h_, (WH), S0);                                        \
     S1 = (int32_t)__smlad(a1l_, (WL), S1);                                        \
     S1 = (int32_t)__smlad(a1h_, (WH), S1)
-#define KILN_D22_INPUT(OFF)                                                       \
-    uint32_t a0_, a1_, w0_, w1_;                                                  \
-    KILN_LDRD(a0_, a1_, a, (OFF));                                                \
-    const uint32_t a0l_ = __sxtb16(a0_), a0h_ = kiln_sxtb16_ror8(a0_);            \
-    const uint32_t a1l_ = __sxtb16(a1_), a1h_ = kiln_sxtb16_ror8(a1_)
+/* group G of the widened pair (kiln_put16: 16 bytes, pixel 0's {x0, x2} {x1, x3} then
+ * pixel 1's): two LDRDs, no sign extension in the inner loop */
+#define KILN_D22_INPUT(G)                                                         \
+    uint32_t a0l_, a0h_, a1l_, a1h_, w0_, w1_;                                    \
+    KILN_LDRD(a0l_, a0h_, a, 16 * (G));                                           \
+    KILN_LDRD(a1l_, a1h_, a, 16 * (G) + 8)
 /* int8 weights (pack_w8, nb = 2): each weight word sign-extended once for both pixels */
-#define KILN_D22_STEP(OFF)                                                        \
+#define KILN_D22_STEP(G)                                                          \
     do {                                                                          \
-        KILN_D22_INPUT(OFF);                                                      \
-        KILN_LDRD(w0_, w1_, w, (OFF));                                            \
+        KILN_D22_INPUT(G);                                                        \
+        KILN_LDRD(w0_, w1_, w, 8 * (G));                                          \
         KILN_D22_MACS(__sxtb16(w0_), kiln_sxtb16_ror8(w0_), s00, s10);            \
         KILN_D22_MACS(__sxtb16(w1_), kiln_sxtb16_ror8(w1_), s01, s11);            \
     } while (0)
 /* int16 weights (pack_w16, nb = 2: per group of 4 reduction indices and channel
- * {w[k], w[k+2], w[k+1], w[k+3]}, the lanes SXTB16 / SXTB16 ROR #8 give from an input word) */
-#define KILN_D22W_STEP(OFF)                                                       \
+ * {w[k], w[k+2], w[k+1], w[k+3]}, the lanes of the widened input) */
+#define KILN_D22W_STEP(G)                                                         \
     do {                                                                          \
-        KILN_D22_INPUT(OFF);                                                      \
-        KILN_LDRD(w0_, w1_, w, 2 * (OFF));                                        \
+        KILN_D22_INPUT(G);                                                        \
+        KILN_LDRD(w0_, w1_, w, 16 * (G));                                         \
         KILN_D22_MACS(w0_, w1_, s00, s10);                                        \
-        KILN_LDRD(w0_, w1_, w, 2 * (OFF) + 8);                                    \
+        KILN_LDRD(w0_, w1_, w, 16 * (G) + 8);                                     \
         KILN_D22_MACS(w0_, w1_, s01, s11);                                        \
     } while (0)
 #else
-/* portable: WAT(B, t) is weight t of the 4-group at B (channel 0 at OFF, channel 1 at OFF + 4) */
-#define KILN_D22_C(OFF, WAT)                                                      \
+/* portable: the widened pair holds, per group, pixel 0's int16 {x0, x2, x1, x3} then pixel 1's;
+ * WAT(B, t) is weight t of the 4-group at B (channel 0 at B, channel 1 at B + 4) */
+#define KILN_PERM4(T) ((T) == 1 ? 2 : (T) == 2 ? 1 : (T))   /* {0,2,1,3} */
+#define KILN_D22_C(G, WAT)                                                        \
     do {                                                                          \
         for (int32_t t_ = 0; t_ < 4; ++t_) {                                      \
-            const int32_t x0_ = a[(OFF) + t_], x1_ = a[(OFF) + 4 + t_];           \
-            const int32_t v0_ = WAT((OFF), t_), v1_ = WAT((OFF) + 4, t_);         \
+            const int32_t x0_ = kiln_w16_at(a, 8 * (G) + KILN_PERM4(t_));         \
+            const int32_t x1_ = kiln_w16_at(a, 8 * (G) + 4 + KILN_PERM4(t_));     \
+            const int32_t v0_ = WAT(8 * (G), t_), v1_ = WAT(8 * (G) + 4, t_);     \
             s00 += x0_ * v0_;                                                     \
             s01 += x0_ * v1_;                                                     \
             s10 += x1_ * v0_;                                                     \
@@ -432,39 +477,41 @@ static inline int32_t kiln_rq_e(int32_t acc, int32_t m, int32_t e, int32_t zh)
         }                                                                         \
     } while (0)
 #define KILN_W8_AT(B, T) ((int32_t)w[(B) + (T)])
-#define KILN_W16_AT(B, T) kiln_w16_at(w, (B) + ((T) == 1 ? 2 : (T) == 2 ? 1 : (T)))   /* {0,2,1,3} */
-#define KILN_D22_STEP(OFF) KILN_D22_C(OFF, KILN_W8_AT)
-#define KILN_D22W_STEP(OFF) KILN_D22_C(OFF, KILN_W16_AT)
+#define KILN_W16_AT(B, T) kiln_w16_at(w, (B) + KILN_PERM4(T))
+#define KILN_D22_STEP(G) KILN_D22_C(G, KILN_W8_AT)
+#define KILN_D22W_STEP(G) KILN_D22_C(G, KILN_W16_AT)
 #endif
 
-/* All O output channels of one pixel pair, 2 at a time. a: the interleaved patch pair (8-byte
- * aligned); w: the packed weights (8-byte aligned, channel blocks contiguous, so w just runs on);
- * n: the padded reduction length (a multiple of 4); q: per block {bias0, bias1, mult0, mult1};
- * eb: one right-shift byte per channel; writes y0[0..O-1] and y1[0..O-1]. The channel loop is
- * inside (one call per pixel pair, not per channel block: ~30 instructions of call overhead
- * saved per block). */
+/* All O output channels of one pixel pair, 2 at a time. a: the widened patch pair
+ * (kiln_put16, 8-byte aligned); w: the packed weights (8-byte aligned, channel blocks
+ * contiguous, so w just runs on); n: the padded reduction length (a multiple of 4); q: per block
+ * {bias0, bias1, mult0, mult1, hz0, hz1}; eb: one right-shift byte per channel; writes y0[0..O-1]
+ * and y1[0..O-1]. The channel loop is inside (one call per pixel pair, not per channel block:
+ * ~30 instructions of call overhead saved per block). */
 #define KILN_DEF_DOT2X2RQ(NAME, STEP, WSTEP)                                                  \
     static __attribute__((noinline, unused)) void NAME(const int8_t *ap, const int8_t *wp, int32_t n, \
                                                        const int32_t *q, const uint8_t *eb, int32_t O, \
-                                                       int32_t zh, int32_t lo, int32_t hi, int8_t *y0, \
-                                                       int8_t *y1)                                \
+                                                       int32_t lo, int32_t hi, int8_t *y0, int8_t *y1) \
     {                                                                                        \
         const int8_t *w = (const int8_t *)__builtin_assume_aligned(wp, 8);                   \
-        for (int32_t ob = 0; ob < O; ob += 2, q += 4) {                                      \
+        for (int32_t ob = 0; ob < O; ob += 2, q += 6) {                                      \
             const int8_t *a = (const int8_t *)__builtin_assume_aligned(ap, 8);               \
-            const int8_t *const end = a + 2 * n;                                             \
+            const int8_t *const end = a + 4 * n;                                             \
             int32_t s00 = q[0], s01 = q[1], s10 = q[0], s11 = q[1];                          \
-            for (; a + 16 <= end; a += 16, w += 2 * (WSTEP)) {                               \
+            for (; a + 64 <= end; a += 64, w += 4 * (WSTEP)) {                               \
                 STEP(0);                                                                     \
-                STEP(8);                                                                     \
+                STEP(1);                                                                     \
+                STEP(2);                                                                     \
+                STEP(3);                                                                     \
             }                                                                                \
-            if (a < end) {                                                                   \
+            for (; a < end; a += 16, w += (WSTEP)) {                                         \
                 STEP(0);                                                                     \
-                w += (WSTEP);                                                                \
             }                                                                                \
-            const int32_t m0 = q[2], m1 = q[3], e0 = eb[ob], e1 = eb[ob + 1];                \
-            const uint32_t v = kiln_pack4_clamp(kiln_rq_e(s00, m0, e0, zh), kiln_rq_e(s01, m1, e1, zh), \
-                                                kiln_rq_e(s10, m0, e0, zh), kiln_rq_e(s11, m1, e1, zh), lo, hi); \
+            const int32_t m0 = q[2], m1 = q[3], h0 = q[4], h1 = q[5], e0 = eb[ob], e1 = eb[ob + 1]; \
+            const uint32_t v = kiln_pack4_clamp(kiln_dw_requant(2 * s00, m0, h0, e0),                 \
+                                                kiln_dw_requant(2 * s01, m1, h1, e1),                 \
+                                                kiln_dw_requant(2 * s10, m0, h0, e0),                 \
+                                                kiln_dw_requant(2 * s11, m1, h1, e1), lo, hi);        \
             const uint16_t v0 = (uint16_t)v, v1 = (uint16_t)(v >> 16);                       \
             __builtin_memcpy(y0 + ob, &v0, sizeof v0);                                       \
             __builtin_memcpy(y1 + ob, &v1, sizeof v1);                                       \
@@ -523,9 +570,101 @@ static __attribute__((noinline, unused)) void kiln_patch_s8(int8_t *pair, int32_
     kiln_put_s8(pair, slot, K, (const int8_t *)&zero4, 0, kp - K);   /* the reduction padded to a multiple of 4 */
 }
 
+/* The widened pair: per group of 4 reduction indices, pixel 0's int16 {x0, x2, x1, x3} (the lanes
+ * SXTB16 / SXTB16 ROR #8 give) then pixel 1's, 16 bytes per group, 8-byte aligned.
+ * kiln_put16 widens `groups` groups of int8 (4 bytes each, `step` bytes apart at src) into one
+ * slot (d: the slot's first group), each input word loaded and sign-extended once per pixel, not
+ * once per channel block. */
+static inline void kiln_put16(int8_t *d, const int8_t *src, int32_t step, int32_t groups)
+{
+    for (; groups > 0; --groups, src += step, d += 16) {
+        const uint32_t v = kiln_read_s8x4(src);
+#if KILN_HAVE_DSP
+        const uint32_t o[2] = {__sxtb16(v), kiln_sxtb16_ror8(v)};
+#else
+        const int16_t o[4] = {src[0], src[2], src[1], src[3]};
+        (void)v;
+#endif
+        __builtin_memcpy(d, o, sizeof o);
+    }
+}
+
+static inline void kiln_fill16(int8_t *d, uint32_t z2, int32_t groups)
+{
+    const uint32_t o[2] = {z2, z2};
+    for (; groups > 0; --groups, d += 16) {
+        __builtin_memcpy(d, o, sizeof o);
+    }
+}
+
+/* C % 4 == 0 (so KW * C and every in-bounds run are whole groups of 4 and kp == K): the padded
+ * patch of the output pixel whose window starts at (ih0, iw0) straight into slot `slot` of the
+ * widened pair, out-of-bounds groups filled with z2 (the input zero point in both int16 lanes). */
+static __attribute__((noinline, unused)) void kiln_patch16_s8(int8_t *pair, int32_t slot, const int8_t *x, int32_t ih0,
+                                                              int32_t iw0, int32_t H, int32_t W, int32_t C, int32_t KH,
+                                                              int32_t KW, uint32_t z2)
+{
+    const int32_t kw0 = iw0 < 0 ? -iw0 : 0;
+    const int32_t kw1 = W - iw0 < KW ? W - iw0 : KW;
+    const int32_t g = C / 4, row = KW * g, left = kw0 * g, mid = (kw1 - kw0) * g, right = (KW - kw1) * g;
+    const int8_t *xr = x + (ih0 * W + iw0 + kw0) * C;
+    int8_t *d = pair + 8 * slot;
+    for (int32_t kh = 0; kh < KH; ++kh, d += 16 * row, xr += W * C) {
+        const int32_t ih = ih0 + kh;
+        if (ih < 0 || ih >= H || mid <= 0) {
+            kiln_fill16(d, z2, row);
+        } else {
+            kiln_fill16(d, z2, left);
+            kiln_put16(d + 16 * left, xr, 4, mid);
+            kiln_fill16(d + 16 * (left + mid), z2, right);
+        }
+    }
+}
+
+/* n bytes from s to d, a word at a time (unaligned loads and stores are fine on Armv7-M and the
+ * host); the tail unrolled (see kiln_put_s8) */
+static inline void kiln_copy_s8(int8_t *d, const int8_t *s, int32_t n)
+{
+    for (; n >= 4; n -= 4, s += 4, d += 4) {
+        const uint32_t v = kiln_read_s8x4(s);
+        __builtin_memcpy(d, &v, sizeof v);
+    }
+    if (n > 0) d[0] = s[0];
+    if (n > 1) d[1] = s[1];
+    if (n > 2) d[2] = s[2];
+}
+
+/* C % 4 != 0 (the first layers: 1 or 3 input channels): the patch of the pixel whose window
+ * starts at (ih0, iw0) into slot `slot` of the widened pair through lin (2 * kp bytes of
+ * scratch). A window inside the image is KH runs of KW * C contiguous bytes: copied a word at a
+ * time into lin as one run of K bytes (zero-padded to kp), then widened. A clipped one is built by
+ * kiln_patch_s8 (zero point fill) in slot 0 of an int8 pair at lin, then widened. */
+static __attribute__((noinline, unused)) void kiln_patch_small_s8(int8_t *pair, int32_t slot, const int8_t *x,
+                                                                  int32_t ih0, int32_t iw0, int32_t H, int32_t W,
+                                                                  int32_t C, int32_t KH, int32_t KW, uint32_t z4,
+                                                                  int32_t K, int32_t kp, int8_t *lin)
+{
+    if (ih0 >= 0 && iw0 >= 0 && ih0 + KH <= H && iw0 + KW <= W) {
+        const int32_t row = KW * C;
+        const int8_t *xr = x + (ih0 * W + iw0) * C;
+        int8_t *l = lin;
+        for (int32_t kh = 0; kh < KH; ++kh, l += row, xr += W * C) {
+            kiln_copy_s8(l, xr, row);
+        }
+        for (int32_t k = K; k < kp; ++k) {
+            lin[k] = 0;
+        }
+        kiln_put16(pair + 8 * slot, lin, 4, kp / 4);
+    } else {
+        kiln_patch_s8(lin, 0, x, ih0, iw0, H, W, C, KH, KW, z4, K, kp);
+        kiln_put16(pair + 8 * slot, lin, 8, kp / 4);
+    }
+}
+
 /* One image: x (H x W x C), output oh x ow pixels with O channels at y; window of output pixel
  * (i, j) starts at (i * sh - pt, j * sw - pl). Pixels go in pairs in raster order (a pair may
- * span two rows); patch: 2 * kp + 8 bytes of scratch. wbits: 8 (pack_w8) or 16 (pack_w16). */
+ * span two rows); patch: 4 * kp + 8 bytes of scratch for the widened pair (C % 4 == 0: built
+ * directly, kiln_patch16_s8), 2 * kp more when C % 4 != 0 (kiln_patch_small_s8). wbits: 8 (pack_w8) or 16 (pack_w16). */
 static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int32_t H, int32_t W, int32_t C,
                                                            int32_t KH, int32_t KW, int32_t sh, int32_t sw,
                                                            int32_t pt, int32_t pl, int32_t oh, int32_t ow, int32_t zx,
@@ -534,28 +673,37 @@ static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int3
                                                            int32_t hi, int8_t *y)
 {
     const int32_t kp = (K + 3) & ~3;
-    const uint32_t z4 = ((uint32_t)zx & 0xFFu) * 0x01010101u;
-    int8_t *pair = (int8_t *)(((uintptr_t)patch + 7u) & ~(uintptr_t)7u);
-    const int32_t zh = 1 + 2 * zy, npix = oh * ow;
+    const uint32_t z4 = ((uint32_t)zx & 0xFFu) * 0x01010101u, z2 = ((uint32_t)zx & 0xFFFFu) * 0x00010001u;
+    const int direct = C % 4 == 0;   /* whole groups: the widened patch is built directly (kiln_patch16_s8) */
+    int8_t *pair = (int8_t *)(((uintptr_t)patch + 7u) & ~(uintptr_t)7u);   /* the widened pair, 4 * kp bytes */
+    int8_t *lin = pair + 4 * kp;                                               /* C % 4 != 0: 2 * kp bytes */
+    const int32_t npix = oh * ow;
+    (void)zy;   /* folded into q's hz words */
     int32_t i = 0, j = 0;
     for (int32_t p = 0; p < npix; p += 2, y += 2 * O) {
-        kiln_patch_s8(pair, 0, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z4, K, kp);
+        const int32_t ih0 = i * sh - pt, iw0 = j * sw - pl;
         const int32_t two = p + 1 < npix;
         if (two && ++j == ow) {
             j = 0;
             ++i;
         }
-        kiln_patch_s8(pair, 1, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z4, K, kp);
+        if (direct) {
+            kiln_patch16_s8(pair, 0, x, ih0, iw0, H, W, C, KH, KW, z2);
+            kiln_patch16_s8(pair, 1, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z2);
+        } else {
+            kiln_patch_small_s8(pair, 0, x, ih0, iw0, H, W, C, KH, KW, z4, K, kp, lin);
+            kiln_patch_small_s8(pair, 1, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z4, K, kp, lin);
+        }
         if (++j == ow) {
             j = 0;
             ++i;
         }
         int8_t *y1 = two ? y + O : y;
-        const uint8_t *eb = (const uint8_t *)(q + 2 * O);
+        const uint8_t *eb = (const uint8_t *)(q + 3 * O);
         if (wbits == 16) {
-            kiln_dot2x2rq_w16(pair, w, kp, q, eb, O, zh, lo, hi, y, y1);
+            kiln_dot2x2rq_w16(pair, w, kp, q, eb, O, lo, hi, y, y1);
         } else {
-            kiln_dot2x2rq_w8(pair, w, kp, q, eb, O, zh, lo, hi, y, y1);
+            kiln_dot2x2rq_w8(pair, w, kp, q, eb, O, lo, hi, y, y1);
         }
     }
 }
