@@ -23,6 +23,7 @@ class TargetSpec:
     optimize: str = "size"        # "size" | "speed": weight storage, schedules.weight_bits
     kernels: bool = True          # Kiln's kernels (kiln_intrinsics.h) where they apply; False: TVM's
                                   # default schedules everywhere (the fallback, kept covered by tests)
+    helium: bool = False          # MVE kernels (kiln_mve.h, ops_mve.py) where they apply
     softmax_helper: bool = True   # int8 softmax of a kernel argument as one kiln_softmax_s8 call; False:
                                   # TVM's per-row stages (the path of a softmax fused behind another op)
 
@@ -34,7 +35,8 @@ class TargetSpec:
 def _core_target(core) -> TargetSpec:
     """A bare core's compile target, from the one core table (kiln.common.cores): its DSP
     extension and the FPU a package for it assumes (a board's firmware build uses its own FPU)."""
-    return TargetSpec(core.name, dsp=core.dsp, cflags=tuple(core.cflags()), float_hw=core.default_fpu != "none")
+    return TargetSpec(core.name, dsp=core.dsp, cflags=tuple(core.cflags()), float_hw=core.default_fpu != "none",
+                      helium=core.helium)
 
 
 TARGETS = {"host": TargetSpec("host", dsp=True), **{name: _core_target(c) for name, c in CORES.items()}}

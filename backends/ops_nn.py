@@ -12,7 +12,7 @@ from kiln.frontend.fixedpoint import multiply_by_quantized_multiplier
 from kiln.frontend.ops.int8util import channel_params, per_tensor
 from kiln.frontend.ops.nn import conv_geometry, fc_effective_scales, fc_requant_constants, pool_geometry
 
-from . import qmath, schedules
+from . import ops_mve, qmath, schedules
 from .lower import lower_rule
 from .qmath import c
 
@@ -115,6 +115,10 @@ def lower_conv2d(k, node, xs):
     dsp = k.target.kernels   # Kiln kernels (DSP or portable C)
     bias = xs[2] if len(xs) == 3 else None
     bound = None
+    if dsp and k.target.helium:             # Helium (MVE) kernels: ops_mve.py
+        y = ops_mve.lower_conv2d(k, node, x, G, depthwise and Og == 1)
+        if y is not None:
+            return y
     if depthwise and dsp and Og == 1:
         y = _depthwise_dsp(k, node, x, G, zx, tx, tw, ty)
         if y is not None:

@@ -1,0 +1,280 @@
+/* Kiln's Helium (MVE, Armv8.1-M M-profile Vector Extension) int8 kernels for the Cortex-M55:
+ * conv2d (groups 1) as an int8 GEMM with VMLADAVA, depthwise conv with channels across the
+ * vector lanes, and TFLite's MultiplyByQuantizedMultiplier as VQRDMULH + a rounding shift.
+ * backends/ops_mve.py lowers to them and packs their constants at compile time.
+ *
+ * Every kernel has a portable C version (hosts, and cores without MVE) that computes the same
+ * int32 accumulators and the same requantisation, so a package compiled for the Cortex-M55 runs
+ * bit-exactly on the host too; tests/backends/test_ops_mve.py checks both against the int8
+ * reference (the MVE versions on the emulated mps3-an547).
+ *
+ * Requantisation table q (int32), for N channels padded to Np = N rounded up to 4:
+ *   q[0 .. Np)       bias, the input zero point folded in: bias - zx * sum(w)
+ *   q[Np .. 2Np)     quantized multiplier
+ *   q[2Np .. 3Np)    left shift  (max(shift, 0))
+ *   q[3Np .. 4Np)    minus the right shift (min(shift, 0))
+ * MultiplyByQuantizedMultiplier(acc, m, shift) = RoundingDivideByPOT(SRDHM(acc << left, m), right):
+ * VQRDMULH is SaturatingRoundingDoublingHighMul exactly (its round-half-up of the doubled
+ * product equals gemmlowp's truncating form with the 1 - 2^30 nudge, and it saturates the one
+ * overflow, INT32_MIN * INT32_MIN, to INT32_MAX as gemmlowp does); VRSHL by -right rounds half
+ * up, so negative values get -1 first (VQADD: INT32_MIN stays exact), which makes it
+ * RoundingDivideByPOT's round-half-away-from-zero. */
+#ifndef KILN_MVE_H
+#define KILN_MVE_H
+
+#include <stdint.h>
+
+#if defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 1) && !defined(KILN_NO_MVE)
+#include <arm_mve.h>
+#define KILN_HAVE_MVE 1
+#else
+#define KILN_HAVE_MVE 0
+#endif
+
+/* ---- requantisation -------------------------------------------------------------------------- */
+static inline int32_t kiln_mve_mbqm1(int32_t acc, int32_t mult, int32_t lsh, int32_t rneg)
+{
+    const int32_t a = (int32_t)((uint32_t)acc << lsh);   /* TFLite: x * (1 << left), wrapping */
+    int32_t v;
+    if (a == INT32_MIN && mult == INT32_MIN) {
+        v = INT32_MAX;
+    } else {
+        const int64_t ab = (int64_t)a * mult;
+        const int64_t nudge = ab >= 0 ? (1LL << 30) : (1 - (1LL << 30));
+        v = (int32_t)((ab + nudge) / (1LL << 31));
+    }
+    const int32_t e = -rneg;
+    if (e == 0) {
+        return v;
+    }
+    const int32_t mask = (int32_t)((1u << e) - 1u);
+    const int32_t rem = v & mask;
+    const int32_t thr = (mask >> 1) + (v < 0 ? 1 : 0);
+    return (v >> e) + (rem > thr ? 1 : 0);
+}
+
+static inline int32_t kiln_mve_out1(int32_t acc, const int32_t *q, int32_t np, int32_t ch, int32_t zy, int32_t lo,
+                                    int32_t hi)
+{
+    int32_t v = kiln_mve_mbqm1(acc + q[ch], q[np + ch], q[2 * np + ch], q[3 * np + ch]) + zy;
+    return v < lo ? lo : (v > hi ? hi : v);
+}
+
+#if KILN_HAVE_MVE
+/* acc (bias already added) of 4 channels -> int32 in [lo, hi] */
+static inline int32x4_t kiln_mve_rq4(int32x4_t acc, int32x4_t m, int32x4_t lsh, int32x4_t rneg, int32_t zy,
+                                     int32_t lo, int32_t hi)
+{
+    int32x4_t v = vqrdmulhq_s32(vshlq_s32(acc, lsh), m);
+    v = vqaddq_s32(v, vshrq_n_s32(vandq_s32(v, rneg), 31));
+    v = vaddq_n_s32(vrshlq_s32(v, rneg), zy);
+    return vminq_s32(vmaxq_s32(v, vdupq_n_s32(lo)), vdupq_n_s32(hi));
+}
+#endif
+
+/* ---- conv2d (groups 1) as an int8 GEMM ---------------------------------------------------------
+ * w: the (O, K) weights, O padded to Op (a multiple of 4) and K to Kp (a multiple of 16) with
+ * zeros, stored per block of 4 output channels, per 16-wide chunk of the reduction, the 4
+ * channels' 16 bytes (ops_mve.pack_gemm): one pointer walks a block's weights. a0 / a1: the
+ * reductions (patches) of two output pixels, K bytes each (a1 may equal a0 for a lone pixel);
+ * y0 / y1: their O output bytes. 2 pixels x 4 channels: 6 loads and 8 VMLADAVA per 128 MACs. */
+static void kiln_mve_gemm2(const int8_t *a0, const int8_t *a1, const int8_t *w, int32_t K, int32_t O,
+                           const int32_t *q, int32_t zy, int32_t lo, int32_t hi, int8_t *y0, int8_t *y1, int32_t two)
+{
+    const int32_t kc = (K + 15) >> 4, op = (O + 3) & ~3;
+#if KILN_HAVE_MVE
+    const int32_t kfull = K >> 4, ktail = K & 15;
+    for (int32_t o = 0; o < op; o += 4) {
+        const int8_t *wp = w + o * (kc << 4);
+        const int8_t *p0 = a0, *p1 = a1;
+        int32_t s00 = 0, s01 = 0, s02 = 0, s03 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0;
+        for (int32_t k = 0; k < kfull; k++) {
+            const int8x16_t x0 = vld1q_s8(p0), x1 = vld1q_s8(p1);
+            const int8x16_t w0 = vld1q_s8(wp), w1 = vld1q_s8(wp + 16), w2 = vld1q_s8(wp + 32), w3 = vld1q_s8(wp + 48);
+            p0 += 16;
+            p1 += 16;
+            wp += 64;
+            s00 = vmladavaq_s8(s00, x0, w0);
+            s01 = vmladavaq_s8(s01, x0, w1);
+            s02 = vmladavaq_s8(s02, x0, w2);
+            s03 = vmladavaq_s8(s03, x0, w3);
+            s10 = vmladavaq_s8(s10, x1, w0);
+            s11 = vmladavaq_s8(s11, x1, w1);
+            s12 = vmladavaq_s8(s12, x1, w2);
+            s13 = vmladavaq_s8(s13, x1, w3);
+        }
+        if (ktail) {
+            const mve_pred16_t pk = vctp8q((uint32_t)ktail);
+            const int8x16_t x0 = vldrbq_z_s8(p0, pk), x1 = vldrbq_z_s8(p1, pk);
+            const int8x16_t w0 = vld1q_s8(wp), w1 = vld1q_s8(wp + 16), w2 = vld1q_s8(wp + 32), w3 = vld1q_s8(wp + 48);
+            s00 = vmladavaq_s8(s00, x0, w0);
+            s01 = vmladavaq_s8(s01, x0, w1);
+            s02 = vmladavaq_s8(s02, x0, w2);
+            s03 = vmladavaq_s8(s03, x0, w3);
+            s10 = vmladavaq_s8(s10, x1, w0);
+            s11 = vmladavaq_s8(s11, x1, w1);
+            s12 = vmladavaq_s8(s12, x1, w2);
+            s13 = vmladavaq_s8(s13, x1, w3);
+        }
+        const int32x4_t b = vld1q_s32(q + o), m = vld1q_s32(q + op + o);
+        const int32x4_t ls = vld1q_s32(q + 2 * op + o), rn = vld1q_s32(q + 3 * op + o);
+        const mve_pred16_t po = vctp32q((uint32_t)(O - o));
+        int32x4_t v0 = vdupq_n_s32(s00);
+        v0 = vsetq_lane_s32(s01, v0, 1);
+        v0 = vsetq_lane_s32(s02, v0, 2);
+        v0 = vsetq_lane_s32(s03, v0, 3);
+        vstrbq_p_s32(y0 + o, kiln_mve_rq4(vaddq_s32(v0, b), m, ls, rn, zy, lo, hi), po);
+        if (two) {
+            int32x4_t v1 = vdupq_n_s32(s10);
+            v1 = vsetq_lane_s32(s11, v1, 1);
+            v1 = vsetq_lane_s32(s12, v1, 2);
+            v1 = vsetq_lane_s32(s13, v1, 3);
+            vstrbq_p_s32(y1 + o, kiln_mve_rq4(vaddq_s32(v1, b), m, ls, rn, zy, lo, hi), po);
+        }
+    }
+#else
+    for (int32_t o = 0; o < O; o++) {
+        const int8_t *wb = w + (o >> 2) * (kc << 6) + (o & 3) * 16;
+        for (int32_t p = 0; p < 1 + (two != 0); p++) {
+            const int8_t *a = p ? a1 : a0;
+            int32_t s = 0;
+            for (int32_t k = 0; k < K; k++) {
+                s += (int32_t)a[k] * wb[(k >> 4) * 64 + (k & 15)];
+            }
+            (p ? y1 : y0)[o] = (int8_t)kiln_mve_out1(s, q, op, o, zy, lo, hi);
+        }
+    }
+#endif
+}
+
+/* copy n bytes / fill n bytes with v (predicated 16-byte steps on MVE) */
+static inline void kiln_mve_copy(int8_t *d, const int8_t *s, int32_t n)
+{
+#if KILN_HAVE_MVE
+    for (; n > 0; n -= 16, d += 16, s += 16) {
+        const mve_pred16_t p = vctp8q((uint32_t)n);
+        vstrbq_p_s8(d, vldrbq_z_s8(s, p), p);
+    }
+#else
+    for (int32_t i = 0; i < n; i++) {
+        d[i] = s[i];
+    }
+#endif
+}
+
+static inline void kiln_mve_fill(int8_t *d, int8_t v, int32_t n)
+{
+#if KILN_HAVE_MVE
+    const int8x16_t vv = vdupq_n_s8(v);
+    for (; n > 0; n -= 16, d += 16) {
+        vstrbq_p_s8(d, vv, vctp8q((uint32_t)n));
+    }
+#else
+    for (int32_t i = 0; i < n; i++) {
+        d[i] = v;
+    }
+#endif
+}
+
+/* The patch (im2col row) of output pixel (i, j): KH x KW x C bytes, taps outside the input hold
+ * the input zero point zx (they add zx * w, which the folded bias takes back: TFLite's padding). */
+static inline const int8_t *kiln_mve_patch(const int8_t *x, int32_t H, int32_t W, int32_t C, int32_t KH, int32_t KW,
+                                           int32_t sh, int32_t sw, int32_t pt, int32_t pl, int32_t i, int32_t j,
+                                           int32_t zx, int8_t *patch, int32_t direct)
+{
+    const int32_t ih0 = i * sh - pt, iw0 = j * sw - pl, row = KW * C;
+    if (direct) {
+        return x + (ih0 * W + iw0) * C;
+    }
+    int8_t *d = patch;
+    for (int32_t kh = 0; kh < KH; kh++, d += row) {
+        const int32_t ih = ih0 + kh;
+        if (ih < 0 || ih >= H) {
+            kiln_mve_fill(d, (int8_t)zx, row);
+        } else if (iw0 >= 0 && iw0 + KW <= W) {
+            kiln_mve_copy(d, x + (ih * W + iw0) * C, row);
+        } else {
+            for (int32_t kw = 0; kw < KW; kw++) {
+                const int32_t iw = iw0 + kw;
+                if (iw < 0 || iw >= W) {
+                    kiln_mve_fill(d + kw * C, (int8_t)zx, C);
+                } else {
+                    kiln_mve_copy(d + kw * C, x + (ih * W + iw) * C, C);
+                }
+            }
+        }
+    }
+    return patch;
+}
+
+/* One image of an int8 conv2d (groups 1, dilation 1): per pair of output pixels, their patches
+ * (none for a 1x1 conv without padding: the input pixel is the reduction) and kiln_mve_gemm2.
+ * patch: 2 * K bytes of scratch. */
+static __attribute__((noinline, unused)) void kiln_mve_conv_s8(
+    const int8_t *x, int32_t H, int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t sh, int32_t sw, int32_t pt,
+    int32_t pl, int32_t oh, int32_t ow, int32_t zx, int8_t *patch, const int8_t *w, int32_t O, const int32_t *q,
+    int32_t zy, int32_t lo, int32_t hi, int8_t *y)
+{
+    const int32_t K = KH * KW * C, n = oh * ow;
+    const int32_t direct = KH == 1 && KW == 1 && pt == 0 && pl == 0 && (oh - 1) * sh < H && (ow - 1) * sw < W;
+    for (int32_t p = 0; p < n; p += 2) {
+        const int32_t two = p + 1 < n;
+        const int8_t *a0 = kiln_mve_patch(x, H, W, C, KH, KW, sh, sw, pt, pl, p / ow, p % ow, zx, patch, direct);
+        const int8_t *a1 = two ? kiln_mve_patch(x, H, W, C, KH, KW, sh, sw, pt, pl, (p + 1) / ow, (p + 1) % ow, zx,
+                                                patch + K, direct)
+                               : a0;
+        kiln_mve_gemm2(a0, a1, w, K, O, q, zy, lo, hi, y + p * O, y + (p + 1) * O, two);
+    }
+}
+
+/* ---- depthwise conv2d (depth multiplier 1) -------------------------------------------------------
+ * w: (KH * KW, C) int8 (channels contiguous per tap), q: the requantisation table above (the
+ * bias with zx * sum over all taps folded in). Per output pixel, its tap pointers (a tap outside
+ * the input points at zrow, C bytes of zx, so every tap adds (x - zx) * w exactly as TFLite's
+ * padding does), then per block of 4 channels one int32 accumulator vector: per tap two
+ * widening loads, VMUL, VADD. */
+#define KILN_MVE_DW_MAX_TAPS 64
+static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
+    const int8_t *x, int32_t H, int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t sh, int32_t sw, int32_t pt,
+    int32_t pl, int32_t dh, int32_t dw, int32_t oh, int32_t ow, int32_t zx, int8_t *zrow, const int8_t *w,
+    const int32_t *q, int32_t zy, int32_t lo, int32_t hi, int8_t *y)
+{
+    const int8_t *tap[KILN_MVE_DW_MAX_TAPS];
+    const int32_t T = KH * KW, cp = (C + 3) & ~3;
+    kiln_mve_fill(zrow, (int8_t)zx, C);
+    for (int32_t i = 0; i < oh; i++) {
+        for (int32_t j = 0; j < ow; j++, y += C) {
+            const int32_t ih0 = i * sh - pt, iw0 = j * sw - pl;
+            for (int32_t kh = 0, t = 0; kh < KH; kh++) {
+                const int32_t ih = ih0 + kh * dh;
+                for (int32_t kw = 0; kw < KW; kw++, t++) {
+                    const int32_t iw = iw0 + kw * dw;
+                    tap[t] = (ih < 0 || ih >= H || iw < 0 || iw >= W) ? zrow : x + (ih * W + iw) * C;
+                }
+            }
+#if KILN_HAVE_MVE
+            for (int32_t c = 0; c < C; c += 4) {
+                const mve_pred16_t pc = vctp32q((uint32_t)(C - c));
+                int32x4_t acc = vld1q_s32(q + c);
+                const int8_t *wp = w + c;
+                for (int32_t t = 0; t < T; t++, wp += C) {
+                    acc = vaddq_s32(acc, vmulq_s32(vldrbq_z_s32(tap[t] + c, pc), vldrbq_z_s32(wp, pc)));
+                }
+                const int32x4_t r = kiln_mve_rq4(acc, vld1q_s32(q + cp + c), vld1q_s32(q + 2 * cp + c),
+                                                 vld1q_s32(q + 3 * cp + c), zy, lo, hi);
+                vstrbq_p_s32(y + c, r, pc);
+            }
+#else
+            for (int32_t c = 0; c < C; c++) {
+                int32_t s = 0;
+                for (int32_t t = 0; t < T; t++) {
+                    s += (int32_t)tap[t][c] * w[t * C + c];
+                }
+                y[c] = (int8_t)kiln_mve_out1(s, q, cp, c, zy, lo, hi);
+            }
+#endif
+        }
+    }
+}
+
+#endif /* KILN_MVE_H */

@@ -1,0 +1,158 @@
+"""Helium (MVE) lowerings for cores with the M-profile Vector Extension (the Cortex-M55):
+int8 conv2d (groups 1) as a GEMM with VMLADAVA and int8 depthwise conv with channels across the
+vector lanes, both requantising with VQRDMULH and a rounding shift (``kiln_mve.h``, which also
+holds the portable C versions a host build of the same package runs).
+
+Each lowering returns None when it does not apply (weights or bias not compile-time constants,
+an input that is not a kernel argument, dilation in a regular conv, a depth multiplier other
+than 1, a folded bias beyond int32), and ``ops_nn.lower_conv2d`` goes on with the DSP kernels.
+Prepare (packing, the folded bias, the requantisation table) happens here at compile time; the
+kernels only compute.
+"""
+from __future__ import annotations
+
+import numpy as np
+from tvm import te, tirx
+
+from .qmath import activation_range, c, linear_requant
+
+DW_MAX_TAPS = 64      # KILN_MVE_DW_MAX_TAPS in kiln_mve.h
+
+
+def pack_gemm(w2):
+    """(O, K) int8 weights -> the layout ``kiln_mve_gemm2`` reads: O padded to a multiple of 4 and
+    K to a multiple of 16 with zeros; per block of 4 output channels, per 16-wide chunk of the
+    reduction, the 4 channels' 16 bytes. Shape (Op // 4, Kp // 16 * 64)."""
+    w2 = np.asarray(w2, np.int8)
+    O, K = w2.shape
+    Op, Kp = -(-O // 4) * 4, -(-K // 16) * 16
+    wp = np.zeros((Op, Kp), np.int8)
+    wp[:O, :K] = w2
+    blk = wp.reshape(Op // 4, 4, Kp // 16, 16).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(blk).reshape(Op // 4, Kp * 4)
+
+
+def requant_table(bias, mult, shift):
+    """int32 {bias[Np], mult[Np], left shift[Np], -right shift[Np]}, N padded to a multiple of 4
+    (the layout kiln_mve.h documents); ``bias`` already holds the folded input zero point."""
+    n = len(mult)
+    np_ = -(-n // 4) * 4
+    tab = np.zeros((4, np_), np.int64)
+    shift = np.asarray(shift, np.int64)
+    tab[0, :n] = bias
+    tab[1, :n] = mult
+    tab[2, :n] = np.maximum(shift, 0)
+    tab[3, :n] = np.minimum(shift, 0)
+    return tab.reshape(-1).astype(np.int32)
+
+
+def _constants(k, node, O):
+    """(weights, int64 bias[O]) when both are compile-time constants (no bias: zeros), else None."""
+    w = k.value(node.inputs[1])
+    if w is None:
+        return None
+    b = np.zeros(O, np.int64) if len(node.inputs) < 3 else k.value(node.inputs[2])
+    if b is None:
+        return None
+    return np.asarray(w), np.asarray(b, np.int64).reshape(-1)
+
+
+def _folded(bias, w2, zx):
+    """bias - zx * sum(w) per output channel, or None when it leaves int32."""
+    folded = bias - int(zx) * np.asarray(w2, np.int64).sum(axis=1)
+    return None if np.abs(folded).max(initial=0) >= 2 ** 31 else folded
+
+
+def _io(k, node):
+    tx, ty = k.type(node.inputs[0]), k.type(node.name)
+    zx, zy = int(tx.quant.zero_point[0]), int(ty.quant.zero_point[0])
+    lo, hi = activation_range(node.attrs["activation"], float(ty.quant.scale[0]), zy)
+    return tx, ty, zx, zy, lo, hi
+
+
+def lower_conv_mve(k, node, x, G, out_shape=None):
+    """int8 groups-1 conv2d as one ``kiln_mve_conv_s8`` call per image (None: not applicable)."""
+    if not isinstance(x.op, te.PlaceholderOp) or G["dh"] != 1 or G["dw"] != 1:
+        return None
+    O = G["O"]
+    wb = _constants(k, node, O)
+    if wb is None:
+        return None
+    tx, ty, zx, zy, lo, hi = _io(k, node)
+    w2 = wb[0].reshape(O, -1)
+    folded = _folded(wb[1], w2, zx)
+    if folded is None:
+        return None
+    mult, shift = linear_requant(tx, k.type(node.inputs[1]), ty, O)
+    wp = k.const("w_mve", pack_gemm(w2))
+    q = k.const("rq_mve", requant_table(folded, mult, shift))
+    k.schedule(lambda sch, out_block: None)
+    return _conv_extern(x, wp, q, G, zx, zy, lo, hi, out_shape)
+
+
+def _conv_extern(x, wp, q, G, zx, zy, lo, hi, out_shape):
+    N, H, W, C = G["N"], G["H"], G["W"], G["C"]
+    oh, ow, KH, KW, O = G["oh"], G["ow"], G["KH"], G["KW"], G["O"]
+    K = KH * KW * C
+
+    def fcompute(ins, outs):
+        xb, wb, qb = ins
+        patch = tirx.decl_buffer((2 * K,), "int8", name="patch")
+        n = tirx.Var("n", "int32")
+        call = tirx.call_extern("void", "kiln_mve_conv_s8", xb.access_ptr("r", offset=n * c(H * W * C)),
+                                c(H), c(W), c(C), c(KH), c(KW), c(G["sh"]), c(G["sw"]), c(G["pt"]), c(G["pl"]),
+                                c(oh), c(ow), c(zx), patch.access_ptr("w"), wb.access_ptr("r"), c(O),
+                                qb.access_ptr("r"), c(zy), c(lo), c(hi),
+                                outs[0].access_ptr("w", offset=n * c(oh * ow * O)))
+        body = tirx.For(n, c(0), c(N), tirx.ForKind.SERIAL, tirx.Evaluate(call))
+        return tirx.SeqStmt([tirx.AllocBuffer(patch), body])
+    return _extern(x, wp, q, fcompute, tuple(out_shape) if out_shape is not None else (N, oh, ow, O), "conv")
+
+
+def _extern(x, wp, q, fcompute, shape, name):
+    bufs = [tirx.decl_buffer(t.shape, t.dtype, name=t.op.name, elem_offset=0) for t in (x, wp, q)]
+    yb = tirx.decl_buffer(shape, "int8", name=name, elem_offset=0)
+    return te.extern(shape, [x, wp, q], fcompute, name=name, dtype="int8", in_buffers=bufs, out_buffers=[yb])
+
+
+def lower_depthwise_mve(k, node, x, G):
+    """int8 depthwise conv2d (depth multiplier 1) as one ``kiln_mve_dw_s8`` call per image."""
+    if not isinstance(x.op, te.PlaceholderOp) or G["O"] != G["C"] or G["KH"] * G["KW"] > DW_MAX_TAPS:
+        return None
+    C = G["C"]
+    wb = _constants(k, node, C)
+    if wb is None:
+        return None
+    tx, ty, zx, zy, lo, hi = _io(k, node)
+    wc = wb[0].reshape(C, G["KH"] * G["KW"])
+    folded = _folded(wb[1], wc, zx)
+    if folded is None:
+        return None
+    mult, shift = linear_requant(tx, k.type(node.inputs[1]), ty, C)
+    wt = k.const("w_dw_mve", np.ascontiguousarray(wc.T).astype(np.int8))
+    q = k.const("rq_mve", requant_table(folded, mult, shift))
+    k.schedule(lambda sch, out_block: None)
+    N, H, W = G["N"], G["H"], G["W"]
+    oh, ow = G["oh"], G["ow"]
+
+    def fcompute(ins, outs):
+        xb, wbuf, qb = ins
+        zrow = tirx.decl_buffer((C,), "int8", name="zrow")
+        n = tirx.Var("n", "int32")
+        call = tirx.call_extern("void", "kiln_mve_dw_s8", xb.access_ptr("r", offset=n * c(H * W * C)),
+                                c(H), c(W), c(C), c(G["KH"]), c(G["KW"]), c(G["sh"]), c(G["sw"]), c(G["pt"]),
+                                c(G["pl"]), c(G["dh"]), c(G["dw"]), c(oh), c(ow), c(zx), zrow.access_ptr("w"),
+                                wbuf.access_ptr("r"), qb.access_ptr("r"), c(zy), c(lo), c(hi),
+                                outs[0].access_ptr("w", offset=n * c(oh * ow * C)))
+        body = tirx.For(n, c(0), c(N), tirx.ForKind.SERIAL, tirx.Evaluate(call))
+        return tirx.SeqStmt([tirx.AllocBuffer(zrow), body])
+    return _extern(x, wt, q, fcompute, (N, oh, ow, C), "dwconv")
+
+
+def lower_conv2d(k, node, x, G, depthwise):
+    """The Helium kernel for this conv2d, or None (ops_nn's DSP kernels then)."""
+    if depthwise:
+        return lower_depthwise_mve(k, node, x, G)
+    if G["g"] == 1:
+        return lower_conv_mve(k, node, x, G)
+    return None
