@@ -84,10 +84,37 @@ def lower_conv_mve(k, node, x, G, out_shape=None):
     if folded is None:
         return None
     mult, shift = linear_requant(tx, k.type(node.inputs[1]), ty, O)
+    direct = G["KH"] == 1 and G["KW"] == 1 and G["pt"] == 0 and G["pl"] == 0
+    v = node.inputs[0]
+    if v in k.inplace_hints:
+        k.inplace(v, max(k.inplace_hints[v], pair_inplace_shift(G, direct)))
     wp = k.const("w_mve", pack_gemm(w2))
     q = k.const("rq_mve", requant_table(folded, mult, shift))
     k.schedule(lambda sch, out_block: None)
     return _conv_extern(x, wp, q, G, zx, zy, lo, hi, out_shape)
+
+
+def pair_inplace_shift(G, direct):
+    """The smallest safe in-place shift of ``kiln_mve_conv_s8`` (``backends/inplace.py``'s measure,
+    for its write order): it writes two output pixels at a time, channel block by channel block,
+    so a pair's outputs must not reach input bytes that pair still reads (a 1x1 conv reads its
+    pixels in place: the pair's own inputs count) or that any later pair reads."""
+    N, H, W, C, O = G["N"], G["H"], G["W"], G["C"], G["O"]
+    oh, ow = G["oh"], G["ow"]
+    h0 = np.clip(np.arange(oh) * G["sh"] - G["pt"], 0, H - 1)[:, None]
+    w0 = np.clip(np.arange(ow) * G["sw"] - G["pl"], 0, W - 1)[None, :]
+    pix = (h0 * W + w0).reshape(-1)
+    ends, reads = [], []
+    for n in range(N):
+        for p in range(0, oh * ow, 2):
+            q = min(p + 1, oh * ow - 1)
+            reads.append((n * H * W + min(pix[p], pix[q])) * C)
+            ends.append((n * oh * ow + q + 1) * O)
+    r = np.asarray(reads, np.int64)
+    later = np.minimum.accumulate(r[::-1])[::-1]          # min over pairs >= j
+    if not direct:                                         # patches are copied before any write
+        later = np.append(later[1:], np.iinfo(np.int64).max // 4)
+    return int(max(0, (np.asarray(ends, np.int64) - later).max()))
 
 
 def _conv_extern(x, wp, q, G, zx, zy, lo, hi, out_shape):

@@ -77,59 +77,51 @@ static inline int32x4_t kiln_mve_rq4(int32x4_t acc, int32x4_t m, int32x4_t lsh, 
  * zeros, stored per block of 4 output channels, per 16-wide chunk of the reduction, the 4
  * channels' 16 bytes (ops_mve.pack_gemm): one pointer walks a block's weights. a0 / a1: the
  * reductions (patches) of two output pixels, K bytes each (a1 may equal a0 for a lone pixel);
- * y0 / y1: their O output bytes. 2 pixels x 4 channels: 6 loads and 8 VMLADAVA per 128 MACs. */
+ * y0 / y1: their O output bytes. 2 pixels x 2 channels at a time: 4 loads and 4 VMLADAVA per 64 MACs. */
 static void kiln_mve_gemm2(const int8_t *a0, const int8_t *a1, const int8_t *w, int32_t K, int32_t O,
                            const int32_t *q, int32_t zy, int32_t lo, int32_t hi, int8_t *y0, int8_t *y1, int32_t two)
 {
     const int32_t kc = (K + 15) >> 4, op = (O + 3) & ~3;
 #if KILN_HAVE_MVE
     const int32_t kfull = K >> 4, ktail = K & 15;
+    const mve_pred16_t pk = vctp8q((uint32_t)ktail);
     for (int32_t o = 0; o < op; o += 4) {
-        const int8_t *wp = w + o * (kc << 4);
-        const int8_t *p0 = a0, *p1 = a1;
-        int32_t s00 = 0, s01 = 0, s02 = 0, s03 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0;
-        for (int32_t k = 0; k < kfull; k++) {
-            const int8x16_t x0 = vld1q_s8(p0), x1 = vld1q_s8(p1);
-            const int8x16_t w0 = vld1q_s8(wp), w1 = vld1q_s8(wp + 16), w2 = vld1q_s8(wp + 32), w3 = vld1q_s8(wp + 48);
-            p0 += 16;
-            p1 += 16;
-            wp += 64;
-            s00 = vmladavaq_s8(s00, x0, w0);
-            s01 = vmladavaq_s8(s01, x0, w1);
-            s02 = vmladavaq_s8(s02, x0, w2);
-            s03 = vmladavaq_s8(s03, x0, w3);
-            s10 = vmladavaq_s8(s10, x1, w0);
-            s11 = vmladavaq_s8(s11, x1, w1);
-            s12 = vmladavaq_s8(s12, x1, w2);
-            s13 = vmladavaq_s8(s13, x1, w3);
-        }
-        if (ktail) {
-            const mve_pred16_t pk = vctp8q((uint32_t)ktail);
-            const int8x16_t x0 = vldrbq_z_s8(p0, pk), x1 = vldrbq_z_s8(p1, pk);
-            const int8x16_t w0 = vld1q_s8(wp), w1 = vld1q_s8(wp + 16), w2 = vld1q_s8(wp + 32), w3 = vld1q_s8(wp + 48);
-            s00 = vmladavaq_s8(s00, x0, w0);
-            s01 = vmladavaq_s8(s01, x0, w1);
-            s02 = vmladavaq_s8(s02, x0, w2);
-            s03 = vmladavaq_s8(s03, x0, w3);
-            s10 = vmladavaq_s8(s10, x1, w0);
-            s11 = vmladavaq_s8(s11, x1, w1);
-            s12 = vmladavaq_s8(s12, x1, w2);
-            s13 = vmladavaq_s8(s13, x1, w3);
+        int32_t s[2][4];
+        for (int32_t h = 0; h < 2; h++) {
+            /* channels o + 2h, o + 2h + 1 of both pixels: VMLADAVA accumulates in even registers only */
+            const int8_t *wp = w + o * (kc << 4) + 32 * h;
+            const int8_t *p0 = a0, *p1 = a1;
+            int32_t s00 = 0, s01 = 0, s10 = 0, s11 = 0;
+            for (int32_t k = 0; k < kfull; k++) {
+                const int8x16_t x0 = vld1q_s8(p0), x1 = vld1q_s8(p1);
+                const int8x16_t w0 = vld1q_s8(wp), w1 = vld1q_s8(wp + 16);
+                p0 += 16;
+                p1 += 16;
+                wp += 64;
+                s00 = vmladavaq_s8(s00, x0, w0);
+                s01 = vmladavaq_s8(s01, x0, w1);
+                s10 = vmladavaq_s8(s10, x1, w0);
+                s11 = vmladavaq_s8(s11, x1, w1);
+            }
+            if (ktail) {
+                const int8x16_t x0 = vldrbq_z_s8(p0, pk), x1 = vldrbq_z_s8(p1, pk);
+                const int8x16_t w0 = vld1q_s8(wp), w1 = vld1q_s8(wp + 16);
+                s00 = vmladavaq_s8(s00, x0, w0);
+                s01 = vmladavaq_s8(s01, x0, w1);
+                s10 = vmladavaq_s8(s10, x1, w0);
+                s11 = vmladavaq_s8(s11, x1, w1);
+            }
+            s[0][2 * h] = s00;
+            s[0][2 * h + 1] = s01;
+            s[1][2 * h] = s10;
+            s[1][2 * h + 1] = s11;
         }
         const int32x4_t b = vld1q_s32(q + o), m = vld1q_s32(q + op + o);
         const int32x4_t ls = vld1q_s32(q + 2 * op + o), rn = vld1q_s32(q + 3 * op + o);
         const mve_pred16_t po = vctp32q((uint32_t)(O - o));
-        int32x4_t v0 = vdupq_n_s32(s00);
-        v0 = vsetq_lane_s32(s01, v0, 1);
-        v0 = vsetq_lane_s32(s02, v0, 2);
-        v0 = vsetq_lane_s32(s03, v0, 3);
-        vstrbq_p_s32(y0 + o, kiln_mve_rq4(vaddq_s32(v0, b), m, ls, rn, zy, lo, hi), po);
+        vstrbq_p_s32(y0 + o, kiln_mve_rq4(vaddq_s32(vld1q_s32(s[0]), b), m, ls, rn, zy, lo, hi), po);
         if (two) {
-            int32x4_t v1 = vdupq_n_s32(s10);
-            v1 = vsetq_lane_s32(s11, v1, 1);
-            v1 = vsetq_lane_s32(s12, v1, 2);
-            v1 = vsetq_lane_s32(s13, v1, 3);
-            vstrbq_p_s32(y1 + o, kiln_mve_rq4(vaddq_s32(v1, b), m, ls, rn, zy, lo, hi), po);
+            vstrbq_p_s32(y1 + o, kiln_mve_rq4(vaddq_s32(vld1q_s32(s[1]), b), m, ls, rn, zy, lo, hi), po);
         }
     }
 #else
@@ -234,6 +226,34 @@ static __attribute__((noinline, unused)) void kiln_mve_conv_s8(
  * padding does), then per block of 4 channels one int32 accumulator vector: per tap two
  * widening loads, VMUL, VADD. */
 #define KILN_MVE_DW_MAX_TAPS 64
+#if KILN_HAVE_MVE
+#define KILN_MVE_DW_TAP(A, K) A = vaddq_s32(A, vmulq_s32(vldrbq_s32(xp + K), vldrbq_s32(wp + K)))
+#define KILN_MVE_DW_OUT(A, K)                                                                               \
+    vstrbq_s32(y + c + K, kiln_mve_rq4(A, vld1q_s32(q + cp + c + K), vld1q_s32(q + 2 * cp + c + K),       \
+                                       vld1q_s32(q + 3 * cp + c + K), zy, lo, hi))
+/* one output pixel of a depthwise conv with C % 16 == 0: 16 channels (four accumulator vectors)
+ * per pass over the taps */
+static inline void kiln_mve_dw16(const int8_t *const *tap, int32_t T, const int8_t *w, int32_t C, const int32_t *q,
+                                 int32_t cp, int32_t zy, int32_t lo, int32_t hi, int8_t *y)
+{
+    for (int32_t c = 0; c < C; c += 16) {
+        int32x4_t a0 = vld1q_s32(q + c), a1 = vld1q_s32(q + c + 4), a2 = vld1q_s32(q + c + 8);
+        int32x4_t a3 = vld1q_s32(q + c + 12);
+        const int8_t *wp = w + c;
+        for (int32_t t = 0; t < T; t++, wp += C) {
+            const int8_t *xp = tap[t] + c;
+            KILN_MVE_DW_TAP(a0, 0);
+            KILN_MVE_DW_TAP(a1, 4);
+            KILN_MVE_DW_TAP(a2, 8);
+            KILN_MVE_DW_TAP(a3, 12);
+        }
+        KILN_MVE_DW_OUT(a0, 0);
+        KILN_MVE_DW_OUT(a1, 4);
+        KILN_MVE_DW_OUT(a2, 8);
+        KILN_MVE_DW_OUT(a3, 12);
+    }
+}
+#endif
 static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
     const int8_t *x, int32_t H, int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t sh, int32_t sw, int32_t pt,
     int32_t pl, int32_t dh, int32_t dw, int32_t oh, int32_t ow, int32_t zx, int8_t *zrow, const int8_t *w,
@@ -253,6 +273,10 @@ static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
                 }
             }
 #if KILN_HAVE_MVE
+            if ((C & 15) == 0) {
+                kiln_mve_dw16(tap, T, w, C, q, cp, zy, lo, hi, y);
+                continue;
+            }
             for (int32_t c = 0; c < C; c += 4) {
                 const mve_pred16_t pc = vctp32q((uint32_t)(C - c));
                 int32x4_t acc = vld1q_s32(q + c);
