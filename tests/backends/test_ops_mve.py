@@ -1,0 +1,143 @@
+"""Helium (MVE) kernels (backends/ops_mve.py, kiln_mve.h) bit-exact with the int8 reference: int8
+conv2d and depthwise layers over a table of geometries (padding, strides, odd pixel counts, C_out
+not a multiple of 4, reductions not a multiple of 16, channel counts with and without the
+16-channel depthwise path, 1x1 convs reading their input in place, activations), run on the host
+(the portable C versions) and on the emulated Cortex-M55 (mps3-an547: the MVE versions); the
+packing and the requantisation table; the portable requantisation against TFLite's
+MultiplyByQuantizedMultiplier on its corner cases."""
+import ctypes
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from kiln import hil
+from kiln.backends import compile as compile_pkg
+from kiln.backends import ops_mve
+from kiln.frontend import Graph, TensorType, run
+from kiln.frontend.fixedpoint import multiply_by_quantized_multiplier
+from kiln.quantize import ptq
+from tests.firmware.helpers import need_qemu
+
+INCLUDE = os.path.join(os.path.dirname(__file__), "..", "..", "backends", "include")
+
+# (name, input NHWC, layers: (kind, C_out or None, kernel, stride, padding, activation))
+CASES = [
+    ("conv_pad_stride", (1, 9, 7, 3), [("conv", 20, (3, 3), (2, 1), 1, "relu"), ("dw", None, (3, 3), (1, 1), 1, None),
+                                       ("conv", 36, (1, 1), (1, 1), 0, None)]),
+    ("dw16_pointwise", (1, 7, 5, 32), [("dw", None, (3, 3), (1, 1), 1, "relu6"), ("conv", 32, (1, 1), (1, 1), 0, "relu"),
+                                       ("dw", None, (3, 3), (2, 2), 1, None), ("conv", 13, (1, 1), (1, 1), 0, None)]),
+    ("kws_like", (1, 15, 6, 1), [("conv", 16, (5, 4), (2, 2), 2, "relu"), ("dw", None, (3, 3), (1, 1), 1, "relu"),
+                                 ("conv", 16, (1, 1), (1, 1), 0, "relu")]),
+    ("strided_1x1_odd", (1, 6, 5, 20), [("conv", 6, (1, 1), (2, 2), 0, None), ("dw", None, (5, 3), (1, 1), 2, None)]),
+]
+
+
+def _graph(name, shape, layers, rng):
+    g = Graph(name)
+    g.add_input("x", TensorType(shape))
+    prev, c = "x", shape[-1]
+    for i, (kind, co, (kh, kw), stride, pad, act) in enumerate(layers):
+        co = c if kind == "dw" else co
+        w_shape = (co, kh, kw, 1 if kind == "dw" else c)
+        g.add_param(f"w{i}", rng.standard_normal(w_shape).astype(np.float32))
+        g.add_param(f"b{i}", rng.standard_normal(co).astype(np.float32))
+        attrs = {"stride": list(stride), "padding": [pad, pad, pad, pad]}
+        if kind == "dw":
+            attrs["groups"] = c
+        if act:
+            attrs["activation"] = act
+        g.add_node("conv2d", [prev, f"w{i}", f"b{i}"], attrs, name=f"l{i}")
+        prev, c = f"l{i}", co
+    g.outputs.append(prev)
+    return g.validate()
+
+
+def _quantised(case, seed):
+    name, shape, layers = case
+    rng = np.random.default_rng(seed)
+    q = ptq(_graph(name, shape, layers, rng), rng.standard_normal((16,) + shape[1:]).astype(np.float32),
+            int8_io=True)
+    xs = [rng.integers(-128, 128, shape).astype(np.int8) for _ in range(3)]
+    return q, xs
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_mve_kernels_on_host_match_reference(case, tmp_path):
+    q, xs = _quantised(case, 1)
+    pkg = compile_pkg(q, target="cortex-m55", out_dir=tmp_path / "p", plot=False, measure_size=False)
+    src = (tmp_path / "p" / "kernels.c").read_text()
+    assert "kiln_mve_conv_s8" in src and "kiln_mve_dw_s8" in src
+    for x in xs:
+        np.testing.assert_array_equal(pkg.run(x)[0], run(q, x)[0])
+
+
+def test_other_cores_keep_their_kernels(tmp_path):
+    q, _ = _quantised(CASES[0], 1)
+    compile_pkg(q, target="cortex-m4", out_dir=tmp_path / "p", plot=False, measure_size=False)
+    assert "kiln_mve_" not in (tmp_path / "p" / "kernels.c").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_mve_kernels_on_mps3_an547_match_reference(case, tmp_path):
+    need_qemu()
+    q, xs = _quantised(case, 2)
+    img, pkg = hil.build_for_board(q, "mps3-an547", str(tmp_path / "b"))
+    assert "kiln_mve_conv_s8" in open(os.path.join(pkg, "kernels.c")).read()
+    res = hil.run_on_board(img, pkg, xs)
+    for x, got in zip(xs, res.outputs):
+        np.testing.assert_array_equal(got[0] if isinstance(got, list) else got, run(q, x)[0])
+
+
+def test_pack_gemm_layout():
+    w = np.arange(6 * 20, dtype=np.int64).reshape(6, 20).astype(np.int8)
+    p = ops_mve.pack_gemm(w)
+    assert p.shape == (2, 2 * 64)
+    for o in range(8):
+        for k in range(32):
+            want = w[o, k] if o < 6 and k < 20 else 0
+            assert p[o // 4, (k // 16) * 64 + (o % 4) * 16 + k % 16] == want
+
+
+def test_requant_table_layout():
+    t = ops_mve.requant_table(np.array([5, -7, 9]), np.array([1 << 30, 3, 4]), np.array([-3, 2, 0]))
+    np.testing.assert_array_equal(t.reshape(4, 4), [[5, -7, 9, 0], [1 << 30, 3, 4, 0], [0, 2, 0, 0], [-3, 0, 0, 0]])
+
+
+WRAPPER = r"""
+#include "kiln_mve.h"
+void mbqm_many(const int32_t *acc, const int32_t *m, const int32_t *s, int32_t *out, int32_t n)
+{
+    for (int32_t i = 0; i < n; ++i) out[i] = kiln_mve_mbqm1(acc[i], m[i], s[i] > 0 ? s[i] : 0, s[i] < 0 ? s[i] : 0);
+}
+"""
+
+
+def test_portable_requantisation_matches_tflite(tmp_path):
+    src, so = tmp_path / "w.c", tmp_path / "w.so"
+    src.write_text(WRAPPER)
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-I", INCLUDE, "-o", str(so), str(src)],
+                   check=True)
+    lib = ctypes.CDLL(str(so))
+    rng = np.random.default_rng(3)
+    i32 = np.iinfo(np.int32)
+    edge = np.array([i32.min, i32.min + 1, -1, 0, 1, i32.max, -(1 << 30), 1 << 30, -3, 3, -5, 5], np.int64)
+    acc = np.concatenate([np.repeat(edge, 40), rng.integers(i32.min, i32.max, 4000, endpoint=True)])
+    m = np.concatenate([np.tile([i32.min, i32.max, 1 << 30, 0, -(1 << 30)], 96), rng.integers(i32.min, i32.max, 4000)])
+    s = np.concatenate([np.tile(np.arange(-31, 9), 12), rng.integers(-31, 8, 4000)])
+    n = len(acc)
+    acc, m, s = (np.ascontiguousarray(a[:n], np.int32) for a in (acc, m, s))
+    out = np.zeros(n, np.int32)
+    p = ctypes.POINTER(ctypes.c_int32)
+    lib.mbqm_many(acc.ctypes.data_as(p), m.ctypes.data_as(p), s.ctypes.data_as(p), out.ctypes.data_as(p), n)
+    want = multiply_by_quantized_multiplier(acc, m, s).astype(np.int64)
+    np.testing.assert_array_equal(out, ((want + 2 ** 31) % 2 ** 32 - 2 ** 31).astype(np.int32))
+
+
+def test_pair_inplace_shift_covers_own_reads_of_a_1x1_conv():
+    G = {"N": 1, "H": 2, "W": 2, "C": 8, "O": 8, "oh": 2, "ow": 2, "sh": 1, "sw": 1, "pt": 0, "pl": 0}
+    # pixels 0 and 1 read bytes 0..15 while the pair writes 16 bytes: the output must start a pair below
+    assert ops_mve.pair_inplace_shift(G, True) == 16
+    assert ops_mve.pair_inplace_shift(G, False) == 0
