@@ -20,16 +20,13 @@ DW_MAX_TAPS = 64      # KILN_MVE_DW_MAX_TAPS in kiln_mve.h
 
 
 def pack_gemm(w2):
-    """(O, K) int8 weights -> the layout ``kiln_mve_gemm2`` reads: O padded to a multiple of 4 and
-    K to a multiple of 16 with zeros; per block of 4 output channels, per 16-wide chunk of the
-    reduction, the 4 channels' 16 bytes. Shape (Op // 4, Kp // 16 * 64)."""
+    """(O, K) int8 weights -> the rows ``kiln_mve_gemm4`` reads: each zero-padded to a multiple
+    of 16. Shape (O, Kp)."""
     w2 = np.asarray(w2, np.int8)
     O, K = w2.shape
-    Op, Kp = -(-O // 4) * 4, -(-K // 16) * 16
-    wp = np.zeros((Op, Kp), np.int8)
-    wp[:O, :K] = w2
-    blk = wp.reshape(Op // 4, 4, Kp // 16, 16).transpose(0, 2, 1, 3)
-    return np.ascontiguousarray(blk).reshape(Op // 4, Kp * 4)
+    wp = np.zeros((O, -(-K // 16) * 16), np.int8)
+    wp[:, :K] = w2
+    return wp
 
 
 def requant_table(bias, mult, shift):
@@ -87,18 +84,18 @@ def lower_conv_mve(k, node, x, G, out_shape=None):
     direct = G["KH"] == 1 and G["KW"] == 1 and G["pt"] == 0 and G["pl"] == 0
     v = node.inputs[0]
     if v in k.inplace_hints:
-        k.inplace(v, max(k.inplace_hints[v], pair_inplace_shift(G, direct)))
+        k.inplace(v, max(k.inplace_hints[v], group_inplace_shift(G, direct)))
     wp = k.const("w_mve", pack_gemm(w2))
     q = k.const("rq_mve", requant_table(folded, mult, shift))
     k.schedule(lambda sch, out_block: None)
     return _conv_extern(x, wp, q, G, zx, zy, lo, hi, out_shape)
 
 
-def pair_inplace_shift(G, direct):
+def group_inplace_shift(G, direct, group=4):
     """The smallest safe in-place shift of ``kiln_mve_conv_s8`` (``backends/inplace.py``'s measure,
-    for its write order): it writes two output pixels at a time, channel block by channel block,
-    so a pair's outputs must not reach input bytes that pair still reads (a 1x1 conv reads its
-    pixels in place: the pair's own inputs count) or that any later pair reads."""
+    for its write order): it writes ``group`` output pixels at a time, channel by channel, so a
+    group's outputs must not reach input bytes that group still reads (a 1x1 conv reads its
+    pixels in place: the group's own inputs count) or that any later group reads."""
     N, H, W, C, O = G["N"], G["H"], G["W"], G["C"], G["O"]
     oh, ow = G["oh"], G["ow"]
     h0 = np.clip(np.arange(oh) * G["sh"] - G["pt"], 0, H - 1)[:, None]
@@ -106,12 +103,12 @@ def pair_inplace_shift(G, direct):
     pix = (h0 * W + w0).reshape(-1)
     ends, reads = [], []
     for n in range(N):
-        for p in range(0, oh * ow, 2):
-            q = min(p + 1, oh * ow - 1)
-            reads.append((n * H * W + min(pix[p], pix[q])) * C)
-            ends.append((n * oh * ow + q + 1) * O)
+        for p in range(0, oh * ow, group):
+            q = min(p + group, oh * ow)
+            reads.append((n * H * W + pix[p:q].min()) * C)
+            ends.append((n * oh * ow + q) * O)
     r = np.asarray(reads, np.int64)
-    later = np.minimum.accumulate(r[::-1])[::-1]          # min over pairs >= j
+    later = np.minimum.accumulate(r[::-1])[::-1]          # min over groups >= j
     if not direct:                                         # patches are copied before any write
         later = np.append(later[1:], np.iinfo(np.int64).max // 4)
     return int(max(0, (np.asarray(ends, np.int64) - later).max()))
@@ -124,7 +121,7 @@ def _conv_extern(x, wp, q, G, zx, zy, lo, hi, out_shape):
 
     def fcompute(ins, outs):
         xb, wb, qb = ins
-        patch = tirx.decl_buffer((2 * K,), "int8", name="patch")
+        patch = tirx.decl_buffer((4 * K,), "int8", name="patch")
         n = tirx.Var("n", "int32")
         call = tirx.call_extern("void", "kiln_mve_conv_s8", xb.access_ptr("r", offset=n * c(H * W * C)),
                                 c(H), c(W), c(C), c(KH), c(KW), c(G["sh"]), c(G["sw"]), c(G["pt"]), c(G["pl"]),

@@ -73,67 +73,62 @@ static inline int32x4_t kiln_mve_rq4(int32x4_t acc, int32x4_t m, int32x4_t lsh, 
 #endif
 
 /* ---- conv2d (groups 1) as an int8 GEMM ---------------------------------------------------------
- * w: the (O, K) weights, O padded to Op (a multiple of 4) and K to Kp (a multiple of 16) with
- * zeros, stored per block of 4 output channels, per 16-wide chunk of the reduction, the 4
- * channels' 16 bytes (ops_mve.pack_gemm): one pointer walks a block's weights. a0 / a1: the
- * reductions (patches) of two output pixels, K bytes each (a1 may equal a0 for a lone pixel);
- * y0 / y1: their O output bytes. 2 pixels x 2 channels at a time: 4 loads and 4 VMLADAVA per 64 MACs. */
-static void kiln_mve_gemm2(const int8_t *a0, const int8_t *a1, const int8_t *w, int32_t K, int32_t O,
-                           const int32_t *q, int32_t zy, int32_t lo, int32_t hi, int8_t *y0, int8_t *y1, int32_t two)
+ * w: the (O, K) weights, each row zero-padded to Kp (K rounded up to 16; ops_mve.pack_gemm).
+ * a[0..3]: the reductions (patches) of up to four output pixels, K bytes each (unused ones repeat
+ * the last); y: the first pixel's O output bytes, the others follow O bytes apart. Per output
+ * channel, four pixels at a time: per 16-wide chunk one weight load, four input loads and four
+ * VMLADAVA (64 MACs; VMLADAVA accumulates in even registers, so four accumulators is the most
+ * that stays in registers), then one vector of four pixels requantised with the channel's
+ * constants and scattered to their rows. */
+static void kiln_mve_gemm4(const int8_t *const *a, int32_t n, const int8_t *w, int32_t K, int32_t O,
+                           const int32_t *q, int32_t zy, int32_t lo, int32_t hi, int8_t *y)
 {
-    const int32_t kc = (K + 15) >> 4, op = (O + 3) & ~3;
+    const int32_t kp = (K + 15) & ~15, op = (O + 3) & ~3;
 #if KILN_HAVE_MVE
     const int32_t kfull = K >> 4, ktail = K & 15;
-    const mve_pred16_t pk = vctp8q((uint32_t)ktail);
-    for (int32_t o = 0; o < op; o += 4) {
-        int32_t s[2][4];
-        for (int32_t h = 0; h < 2; h++) {
-            /* channels o + 2h, o + 2h + 1 of both pixels: VMLADAVA accumulates in even registers only */
-            const int8_t *wp = w + o * (kc << 4) + 32 * h;
-            const int8_t *p0 = a0, *p1 = a1;
-            int32_t s00 = 0, s01 = 0, s10 = 0, s11 = 0;
-            for (int32_t k = 0; k < kfull; k++) {
-                const int8x16_t x0 = vld1q_s8(p0), x1 = vld1q_s8(p1);
-                const int8x16_t w0 = vld1q_s8(wp), w1 = vld1q_s8(wp + 16);
-                p0 += 16;
-                p1 += 16;
-                wp += 64;
-                s00 = vmladavaq_s8(s00, x0, w0);
-                s01 = vmladavaq_s8(s01, x0, w1);
-                s10 = vmladavaq_s8(s10, x1, w0);
-                s11 = vmladavaq_s8(s11, x1, w1);
-            }
-            if (ktail) {
-                const int8x16_t x0 = vldrbq_z_s8(p0, pk), x1 = vldrbq_z_s8(p1, pk);
-                const int8x16_t w0 = vld1q_s8(wp), w1 = vld1q_s8(wp + 16);
-                s00 = vmladavaq_s8(s00, x0, w0);
-                s01 = vmladavaq_s8(s01, x0, w1);
-                s10 = vmladavaq_s8(s10, x1, w0);
-                s11 = vmladavaq_s8(s11, x1, w1);
-            }
-            s[0][2 * h] = s00;
-            s[0][2 * h + 1] = s01;
-            s[1][2 * h] = s10;
-            s[1][2 * h + 1] = s11;
+    const mve_pred16_t pk = vctp8q((uint32_t)ktail), pn = vctp32q((uint32_t)n);
+    const uint32x4_t rows = vmulq_n_u32(vidupq_n_u32(0, 1), (uint32_t)O);
+    const int32x4_t vlo = vdupq_n_s32(lo), vhi = vdupq_n_s32(hi);
+    for (int32_t o = 0; o < O; o++, w += kp) {
+        const int8_t *wp = w, *p0 = a[0], *p1 = a[1], *p2 = a[2], *p3 = a[3];
+        int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int32_t k = 0; k < kfull; k++) {
+            const int8x16_t wv = vld1q_s8(wp);
+            wp += 16;
+            s0 = vmladavaq_s8(s0, vld1q_s8(p0), wv);
+            s1 = vmladavaq_s8(s1, vld1q_s8(p1), wv);
+            s2 = vmladavaq_s8(s2, vld1q_s8(p2), wv);
+            s3 = vmladavaq_s8(s3, vld1q_s8(p3), wv);
+            p0 += 16;
+            p1 += 16;
+            p2 += 16;
+            p3 += 16;
         }
-        const int32x4_t b = vld1q_s32(q + o), m = vld1q_s32(q + op + o);
-        const int32x4_t ls = vld1q_s32(q + 2 * op + o), rn = vld1q_s32(q + 3 * op + o);
-        const mve_pred16_t po = vctp32q((uint32_t)(O - o));
-        vstrbq_p_s32(y0 + o, kiln_mve_rq4(vaddq_s32(vld1q_s32(s[0]), b), m, ls, rn, zy, lo, hi), po);
-        if (two) {
-            vstrbq_p_s32(y1 + o, kiln_mve_rq4(vaddq_s32(vld1q_s32(s[1]), b), m, ls, rn, zy, lo, hi), po);
+        if (ktail) {
+            const int8x16_t wv = vld1q_s8(wp);
+            s0 = vmladavaq_s8(s0, vldrbq_z_s8(p0, pk), wv);
+            s1 = vmladavaq_s8(s1, vldrbq_z_s8(p1, pk), wv);
+            s2 = vmladavaq_s8(s2, vldrbq_z_s8(p2, pk), wv);
+            s3 = vmladavaq_s8(s3, vldrbq_z_s8(p3, pk), wv);
         }
+        int32x4_t v = vdupq_n_s32(s0);
+        v = vsetq_lane_s32(s1, v, 1);
+        v = vsetq_lane_s32(s2, v, 2);
+        v = vsetq_lane_s32(s3, v, 3);
+        const int32_t rn = q[3 * op + o];
+        v = vqrdmulhq_n_s32(vshlq_r_s32(vaddq_n_s32(v, q[o]), q[2 * op + o]), q[op + o]);
+        v = vqaddq_s32(v, vshrq_n_s32(vandq_s32(v, vdupq_n_s32(rn)), 31));
+        v = vaddq_n_s32(vrshlq_n_s32(v, rn), zy);
+        vstrbq_scatter_offset_p_s32(y + o, rows, vminq_s32(vmaxq_s32(v, vlo), vhi), pn);
     }
 #else
     for (int32_t o = 0; o < O; o++) {
-        const int8_t *wb = w + (o >> 2) * (kc << 6) + (o & 3) * 16;
-        for (int32_t p = 0; p < 1 + (two != 0); p++) {
-            const int8_t *a = p ? a1 : a0;
+        for (int32_t p = 0; p < n; p++) {
             int32_t s = 0;
             for (int32_t k = 0; k < K; k++) {
-                s += (int32_t)a[k] * wb[(k >> 4) * 64 + (k & 15)];
+                s += (int32_t)a[p][k] * w[o * kp + k];
             }
-            (p ? y1 : y0)[o] = (int8_t)kiln_mve_out1(s, q, op, o, zy, lo, hi);
+            y[p * O + o] = (int8_t)kiln_mve_out1(s, q, op, o, zy, lo, hi);
         }
     }
 #endif
@@ -199,9 +194,9 @@ static inline const int8_t *kiln_mve_patch(const int8_t *x, int32_t H, int32_t W
     return patch;
 }
 
-/* One image of an int8 conv2d (groups 1, dilation 1): per pair of output pixels, their patches
- * (none for a 1x1 conv without padding: the input pixel is the reduction) and kiln_mve_gemm2.
- * patch: 2 * K bytes of scratch. */
+/* One image of an int8 conv2d (groups 1, dilation 1): per four output pixels, their patches
+ * (none for a 1x1 conv without padding: the input pixel is the reduction) and kiln_mve_gemm4.
+ * patch: 4 * K bytes of scratch. */
 static __attribute__((noinline, unused)) void kiln_mve_conv_s8(
     const int8_t *x, int32_t H, int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t sh, int32_t sw, int32_t pt,
     int32_t pl, int32_t oh, int32_t ow, int32_t zx, int8_t *patch, const int8_t *w, int32_t O, const int32_t *q,
@@ -209,13 +204,16 @@ static __attribute__((noinline, unused)) void kiln_mve_conv_s8(
 {
     const int32_t K = KH * KW * C, n = oh * ow;
     const int32_t direct = KH == 1 && KW == 1 && pt == 0 && pl == 0 && (oh - 1) * sh < H && (ow - 1) * sw < W;
-    for (int32_t p = 0; p < n; p += 2) {
-        const int32_t two = p + 1 < n;
-        const int8_t *a0 = kiln_mve_patch(x, H, W, C, KH, KW, sh, sw, pt, pl, p / ow, p % ow, zx, patch, direct);
-        const int8_t *a1 = two ? kiln_mve_patch(x, H, W, C, KH, KW, sh, sw, pt, pl, (p + 1) / ow, (p + 1) % ow, zx,
-                                                patch + K, direct)
-                               : a0;
-        kiln_mve_gemm2(a0, a1, w, K, O, q, zy, lo, hi, y + p * O, y + (p + 1) * O, two);
+    const int8_t *a[4];
+    for (int32_t p = 0; p < n; p += 4) {
+        const int32_t m = n - p < 4 ? n - p : 4;
+        for (int32_t i = 0; i < 4; i++) {
+            const int32_t pi = p + (i < m ? i : m - 1);
+            a[i] = i < m ? kiln_mve_patch(x, H, W, C, KH, KW, sh, sw, pt, pl, pi / ow, pi % ow, zx, patch + i * K,
+                                          direct)
+                         : a[m - 1];
+        }
+        kiln_mve_gemm4(a, m, w, K, O, q, zy, lo, hi, y + p * O);
     }
 }
 
