@@ -20,27 +20,43 @@ DW_MAX_TAPS = 64      # KILN_MVE_DW_MAX_TAPS in kiln_mve.h
 
 
 def pack_gemm(w2):
-    """(O, K) int8 weights -> the rows ``kiln_mve_gemm4`` reads: each zero-padded to a multiple
-    of 16. Shape (O, Kp)."""
+    """(O, K) int8 weights -> the layout ``kiln_mve_gemm1`` reads: O padded to a multiple of 4 and
+    K to a multiple of 16 with zeros; per block of 4 output channels, per 16-wide chunk of the
+    reduction, the 4 channels' 16 bytes. Shape (Op // 4, Kp // 16 * 64)."""
     w2 = np.asarray(w2, np.int8)
     O, K = w2.shape
-    wp = np.zeros((O, -(-K // 16) * 16), np.int8)
-    wp[:, :K] = w2
-    return wp
+    Op, Kp = -(-O // 4) * 4, -(-K // 16) * 16
+    wp = np.zeros((Op, Kp), np.int8)
+    wp[:O, :K] = w2
+    blk = wp.reshape(Op // 4, 4, Kp // 16, 16).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(blk).reshape(Op // 4, Kp * 4)
 
 
-def requant_table(bias, mult, shift):
-    """int32 {bias[Np], mult[Np], left shift[Np], -right shift[Np]}, N padded to a multiple of 4
-    (the layout kiln_mve.h documents); ``bias`` already holds the folded input zero point."""
+def slots(n, perm16=False):
+    """Table slot of each of n channels (``kiln_mve_slot``): the channel itself, or for a depthwise
+    conv with n % 16 == 0 the order of its accumulator vectors, {0,4,8,12}, {2,6,10,14},
+    {1,5,9,13}, {3,7,11,15} within each 16."""
+    c = np.arange(n)
+    if not perm16:
+        return c
+    cc = c & 15
+    return (c & ~15) + ((((cc & 1) << 1) | ((cc >> 1) & 1)) << 2) + (cc >> 2)
+
+
+def requant_table(bias, mult, shift, perm16=False):
+    """int32 words, per block of 4 channel slots {bias x4, mult x4, left shift x4, -right shift x4}
+    (the layout kiln_mve.h documents; N padded to a multiple of 4). ``bias`` already holds the
+    folded input zero point."""
     n = len(mult)
     np_ = -(-n // 4) * 4
-    tab = np.zeros((4, np_), np.int64)
     shift = np.asarray(shift, np.int64)
-    tab[0, :n] = bias
-    tab[1, :n] = mult
-    tab[2, :n] = np.maximum(shift, 0)
-    tab[3, :n] = np.minimum(shift, 0)
-    return tab.reshape(-1).astype(np.int32)
+    tab = np.zeros((4, np_), np.int64)
+    s = slots(n, perm16)
+    tab[0, s] = bias
+    tab[1, s] = mult
+    tab[2, s] = np.maximum(shift, 0)
+    tab[3, s] = np.minimum(shift, 0)
+    return tab.reshape(4, np_ // 4, 4).transpose(1, 0, 2).reshape(-1).astype(np.int32)
 
 
 def _constants(k, node, O):
@@ -91,7 +107,7 @@ def lower_conv_mve(k, node, x, G, out_shape=None):
     return _conv_extern(x, wp, q, G, zx, zy, lo, hi, out_shape)
 
 
-def group_inplace_shift(G, direct, group=4):
+def group_inplace_shift(G, direct, group=1):
     """The smallest safe in-place shift of ``kiln_mve_conv_s8`` (``backends/inplace.py``'s measure,
     for its write order): it writes ``group`` output pixels at a time, channel by channel, so a
     group's outputs must not reach input bytes that group still reads (a 1x1 conv reads its
@@ -121,7 +137,7 @@ def _conv_extern(x, wp, q, G, zx, zy, lo, hi, out_shape):
 
     def fcompute(ins, outs):
         xb, wb, qb = ins
-        patch = tirx.decl_buffer((4 * K,), "int8", name="patch")
+        patch = tirx.decl_buffer((K,), "int8", name="patch")
         n = tirx.Var("n", "int32")
         call = tirx.call_extern("void", "kiln_mve_conv_s8", xb.access_ptr("r", offset=n * c(H * W * C)),
                                 c(H), c(W), c(C), c(KH), c(KW), c(G["sh"]), c(G["sw"]), c(G["pt"]), c(G["pl"]),
@@ -154,7 +170,7 @@ def lower_depthwise_mve(k, node, x, G):
         return None
     mult, shift = linear_requant(tx, k.type(node.inputs[1]), ty, C)
     wt = k.const("w_dw_mve", np.ascontiguousarray(wc.T).astype(np.int8))
-    q = k.const("rq_mve", requant_table(folded, mult, shift))
+    q = k.const("rq_mve", requant_table(folded, mult, shift, perm16=C % 16 == 0))
     k.schedule(lambda sch, out_block: None)
     N, H, W = G["N"], G["H"], G["W"]
     oh, ow = G["oh"], G["ow"]

@@ -8,11 +8,11 @@
  * bit-exactly on the host too; tests/backends/test_ops_mve.py checks both against the int8
  * reference (the MVE versions on the emulated mps3-an547).
  *
- * Requantisation table q (int32), for N channels padded to Np = N rounded up to 4:
- *   q[0 .. Np)       bias, the input zero point folded in: bias - zx * sum(w)
- *   q[Np .. 2Np)     quantized multiplier
- *   q[2Np .. 3Np)    left shift  (max(shift, 0))
- *   q[3Np .. 4Np)    minus the right shift (min(shift, 0))
+ * Requantisation table q (int32): per block of 4 channel slots, 16 words {bias x4, quantized
+ * multiplier x4, left shift x4 (max(shift, 0)), minus the right shift x4 (min(shift, 0))}; the
+ * bias has the input zero point folded in (bias - zx * sum(w)). Slot = channel, except in a
+ * depthwise conv with C % 16 == 0, whose vectors hold channels {0,4,8,12}, {2,6,10,14},
+ * {1,5,9,13}, {3,7,11,15} of each 16 (kiln_mve_slot; ops_mve.requant_table permutes to match).
  * MultiplyByQuantizedMultiplier(acc, m, shift) = RoundingDivideByPOT(SRDHM(acc << left, m), right):
  * VQRDMULH is SaturatingRoundingDoublingHighMul exactly (its round-half-up of the doubled
  * product equals gemmlowp's truncating form with the 1 - 2^30 nudge, and it saturates the one
@@ -53,19 +53,25 @@ static inline int32_t kiln_mve_mbqm1(int32_t acc, int32_t mult, int32_t lsh, int
     return (v >> e) + (rem > thr ? 1 : 0);
 }
 
-static inline int32_t kiln_mve_out1(int32_t acc, const int32_t *q, int32_t np, int32_t ch, int32_t zy, int32_t lo,
-                                    int32_t hi)
+static inline int32_t kiln_mve_slot(int32_t c, int32_t perm16)
 {
-    int32_t v = kiln_mve_mbqm1(acc + q[ch], q[np + ch], q[2 * np + ch], q[3 * np + ch]) + zy;
+    const int32_t cc = c & 15;
+    return perm16 ? (c & ~15) + ((((cc & 1) << 1) | ((cc >> 1) & 1)) << 2) + (cc >> 2) : c;
+}
+
+static inline int32_t kiln_mve_out1(int32_t acc, const int32_t *q, int32_t slot, int32_t zy, int32_t lo, int32_t hi)
+{
+    const int32_t *b = q + (slot >> 2) * 16 + (slot & 3);
+    int32_t v = kiln_mve_mbqm1(acc + b[0], b[4], b[8], b[12]) + zy;
     return v < lo ? lo : (v > hi ? hi : v);
 }
 
 #if KILN_HAVE_MVE
-/* acc (bias already added) of 4 channels -> int32 in [lo, hi] */
-static inline int32x4_t kiln_mve_rq4(int32x4_t acc, int32x4_t m, int32x4_t lsh, int32x4_t rneg, int32_t zy,
-                                     int32_t lo, int32_t hi)
+/* acc (bias already added) of a block of 4 slots (qb: its 16 table words) -> int32 in [lo, hi] */
+static inline int32x4_t kiln_mve_rq4(int32x4_t acc, const int32_t *qb, int32_t zy, int32_t lo, int32_t hi)
 {
-    int32x4_t v = vqrdmulhq_s32(vshlq_s32(acc, lsh), m);
+    const int32x4_t rneg = vld1q_s32(qb + 12);
+    int32x4_t v = vqrdmulhq_s32(vshlq_s32(acc, vld1q_s32(qb + 8)), vld1q_s32(qb + 4));
     v = vqaddq_s32(v, vshrq_n_s32(vandq_s32(v, rneg), 31));
     v = vaddq_n_s32(vrshlq_s32(v, rneg), zy);
     return vminq_s32(vmaxq_s32(v, vdupq_n_s32(lo)), vdupq_n_s32(hi));
@@ -73,63 +79,58 @@ static inline int32x4_t kiln_mve_rq4(int32x4_t acc, int32x4_t m, int32x4_t lsh, 
 #endif
 
 /* ---- conv2d (groups 1) as an int8 GEMM ---------------------------------------------------------
- * w: the (O, K) weights, each row zero-padded to Kp (K rounded up to 16; ops_mve.pack_gemm).
- * a[0..3]: the reductions (patches) of up to four output pixels, K bytes each (unused ones repeat
- * the last); y: the first pixel's O output bytes, the others follow O bytes apart. Per output
- * channel, four pixels at a time: per 16-wide chunk one weight load, four input loads and four
- * VMLADAVA (64 MACs; VMLADAVA accumulates in even registers, so four accumulators is the most
- * that stays in registers), then one vector of four pixels requantised with the channel's
- * constants and scattered to their rows. */
-static void kiln_mve_gemm4(const int8_t *const *a, int32_t n, const int8_t *w, int32_t K, int32_t O,
-                           const int32_t *q, int32_t zy, int32_t lo, int32_t hi, int8_t *y)
+ * w: the (O, K) weights, O padded to Op (a multiple of 4) and K to Kp (a multiple of 16) with
+ * zeros, stored per block of 4 output channels, per 16-wide chunk of the reduction, the 4
+ * channels' 16 bytes (ops_mve.pack_gemm): one pointer walks a block. a: the reduction (patch) of
+ * one output pixel, K bytes; y: its O output bytes. Per block of 4 channels, per chunk: one
+ * input load, four weight loads, four VMLADAVA (64 MACs; VMLADAVA accumulates in even registers,
+ * four of them stay in registers); then one vector of the 4 channels, requantised and stored. */
+static void kiln_mve_gemm1(const int8_t *a, const int8_t *w, int32_t K, int32_t O, const int32_t *q, int32_t zy,
+                           int32_t lo, int32_t hi, int8_t *y)
 {
-    const int32_t kp = (K + 15) & ~15, op = (O + 3) & ~3;
 #if KILN_HAVE_MVE
     const int32_t kfull = K >> 4, ktail = K & 15;
-    const mve_pred16_t pk = vctp8q((uint32_t)ktail), pn = vctp32q((uint32_t)n);
-    const uint32x4_t rows = vmulq_n_u32(vidupq_n_u32(0, 1), (uint32_t)O);
-    const int32x4_t vlo = vdupq_n_s32(lo), vhi = vdupq_n_s32(hi);
-    for (int32_t o = 0; o < O; o++, w += kp) {
-        const int8_t *wp = w, *p0 = a[0], *p1 = a[1], *p2 = a[2], *p3 = a[3];
+    const mve_pred16_t pk = vctp8q((uint32_t)ktail);
+    for (int32_t o = 0; o < O; o += 4, q += 16) {
+        const int8_t *p = a;
         int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
         for (int32_t k = 0; k < kfull; k++) {
-            const int8x16_t wv = vld1q_s8(wp);
-            wp += 16;
-            s0 = vmladavaq_s8(s0, vld1q_s8(p0), wv);
-            s1 = vmladavaq_s8(s1, vld1q_s8(p1), wv);
-            s2 = vmladavaq_s8(s2, vld1q_s8(p2), wv);
-            s3 = vmladavaq_s8(s3, vld1q_s8(p3), wv);
-            p0 += 16;
-            p1 += 16;
-            p2 += 16;
-            p3 += 16;
+            const int8x16_t xv = vld1q_s8(p);
+            p += 16;
+            s0 = vmladavaq_s8(s0, xv, vld1q_s8(w));
+            s1 = vmladavaq_s8(s1, xv, vld1q_s8(w + 16));
+            s2 = vmladavaq_s8(s2, xv, vld1q_s8(w + 32));
+            s3 = vmladavaq_s8(s3, xv, vld1q_s8(w + 48));
+            w += 64;
         }
         if (ktail) {
-            const int8x16_t wv = vld1q_s8(wp);
-            s0 = vmladavaq_s8(s0, vldrbq_z_s8(p0, pk), wv);
-            s1 = vmladavaq_s8(s1, vldrbq_z_s8(p1, pk), wv);
-            s2 = vmladavaq_s8(s2, vldrbq_z_s8(p2, pk), wv);
-            s3 = vmladavaq_s8(s3, vldrbq_z_s8(p3, pk), wv);
+            const int8x16_t xv = vldrbq_z_s8(p, pk);
+            s0 = vmladavaq_s8(s0, xv, vld1q_s8(w));
+            s1 = vmladavaq_s8(s1, xv, vld1q_s8(w + 16));
+            s2 = vmladavaq_s8(s2, xv, vld1q_s8(w + 32));
+            s3 = vmladavaq_s8(s3, xv, vld1q_s8(w + 48));
+            w += 64;
         }
         int32x4_t v = vdupq_n_s32(s0);
         v = vsetq_lane_s32(s1, v, 1);
         v = vsetq_lane_s32(s2, v, 2);
         v = vsetq_lane_s32(s3, v, 3);
-        const int32_t rn = q[3 * op + o];
-        v = vqrdmulhq_n_s32(vshlq_r_s32(vaddq_n_s32(v, q[o]), q[2 * op + o]), q[op + o]);
-        v = vqaddq_s32(v, vshrq_n_s32(vandq_s32(v, vdupq_n_s32(rn)), 31));
-        v = vaddq_n_s32(vrshlq_n_s32(v, rn), zy);
-        vstrbq_scatter_offset_p_s32(y + o, rows, vminq_s32(vmaxq_s32(v, vlo), vhi), pn);
+        v = kiln_mve_rq4(vaddq_s32(v, vld1q_s32(q)), q, zy, lo, hi);
+        if (O - o >= 4) {
+            vstrbq_s32(y + o, v);
+        } else {
+            vstrbq_p_s32(y + o, v, vctp32q((uint32_t)(O - o)));
+        }
     }
 #else
+    const int32_t kc = (K + 15) >> 4;
     for (int32_t o = 0; o < O; o++) {
-        for (int32_t p = 0; p < n; p++) {
-            int32_t s = 0;
-            for (int32_t k = 0; k < K; k++) {
-                s += (int32_t)a[p][k] * w[o * kp + k];
-            }
-            y[p * O + o] = (int8_t)kiln_mve_out1(s, q, op, o, zy, lo, hi);
+        const int8_t *wb = w + (o >> 2) * (kc << 6) + (o & 3) * 16;
+        int32_t s = 0;
+        for (int32_t k = 0; k < K; k++) {
+            s += (int32_t)a[k] * wb[(k >> 4) * 64 + (k & 15)];
         }
+        y[o] = (int8_t)kiln_mve_out1(s, q, o, zy, lo, hi);
     }
 #endif
 }
@@ -180,40 +181,32 @@ static inline const int8_t *kiln_mve_patch(const int8_t *x, int32_t H, int32_t W
             kiln_mve_fill(d, (int8_t)zx, row);
         } else if (iw0 >= 0 && iw0 + KW <= W) {
             kiln_mve_copy(d, x + (ih * W + iw0) * C, row);
-        } else {
-            for (int32_t kw = 0; kw < KW; kw++) {
-                const int32_t iw = iw0 + kw;
-                if (iw < 0 || iw >= W) {
-                    kiln_mve_fill(d + kw * C, (int8_t)zx, C);
-                } else {
-                    kiln_mve_copy(d + kw * C, x + (ih * W + iw) * C, C);
-                }
+        } else {                      /* a row cut by the left or right edge: fill, then copy its span */
+            const int32_t a = iw0 < 0 ? 0 : iw0, b = iw0 + KW > W ? W : iw0 + KW;
+            kiln_mve_fill(d, (int8_t)zx, row);
+            if (b > a) {
+                kiln_mve_copy(d + (a - iw0) * C, x + (ih * W + a) * C, (b - a) * C);
             }
         }
     }
     return patch;
 }
 
-/* One image of an int8 conv2d (groups 1, dilation 1): per four output pixels, their patches
- * (none for a 1x1 conv without padding: the input pixel is the reduction) and kiln_mve_gemm4.
- * patch: 4 * K bytes of scratch. */
+/* One image of an int8 conv2d (groups 1, dilation 1): per output pixel, its patch (none for a 1x1
+ * conv without padding: the input pixel is the reduction) and kiln_mve_gemm1. patch: K bytes of
+ * scratch. */
 static __attribute__((noinline, unused)) void kiln_mve_conv_s8(
     const int8_t *x, int32_t H, int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t sh, int32_t sw, int32_t pt,
     int32_t pl, int32_t oh, int32_t ow, int32_t zx, int8_t *patch, const int8_t *w, int32_t O, const int32_t *q,
     int32_t zy, int32_t lo, int32_t hi, int8_t *y)
 {
-    const int32_t K = KH * KW * C, n = oh * ow;
+    const int32_t K = KH * KW * C;
     const int32_t direct = KH == 1 && KW == 1 && pt == 0 && pl == 0 && (oh - 1) * sh < H && (ow - 1) * sw < W;
-    const int8_t *a[4];
-    for (int32_t p = 0; p < n; p += 4) {
-        const int32_t m = n - p < 4 ? n - p : 4;
-        for (int32_t i = 0; i < 4; i++) {
-            const int32_t pi = p + (i < m ? i : m - 1);
-            a[i] = i < m ? kiln_mve_patch(x, H, W, C, KH, KW, sh, sw, pt, pl, pi / ow, pi % ow, zx, patch + i * K,
-                                          direct)
-                         : a[m - 1];
+    for (int32_t i = 0; i < oh; i++) {
+        for (int32_t j = 0; j < ow; j++, y += O) {
+            const int8_t *a = kiln_mve_patch(x, H, W, C, KH, KW, sh, sw, pt, pl, i, j, zx, patch, direct);
+            kiln_mve_gemm1(a, w, K, O, q, zy, lo, hi, y);
         }
-        kiln_mve_gemm4(a, m, w, K, O, q, zy, lo, hi, y + p * O);
     }
 }
 
@@ -225,40 +218,40 @@ static __attribute__((noinline, unused)) void kiln_mve_conv_s8(
  * widening loads, VMUL, VADD. */
 #define KILN_MVE_DW_MAX_TAPS 64
 #if KILN_HAVE_MVE
-#define KILN_MVE_DW_TAP(A, K) A = vaddq_s32(A, vmulq_s32(vldrbq_s32(xp + K), vldrbq_s32(wp + K)))
-#define KILN_MVE_DW_OUT(A, K)                                                                               \
-    vstrbq_s32(y + c + K, kiln_mve_rq4(A, vld1q_s32(q + cp + c + K), vld1q_s32(q + 2 * cp + c + K),       \
-                                       vld1q_s32(q + 3 * cp + c + K), zy, lo, hi))
-/* one output pixel of a depthwise conv with C % 16 == 0: 16 channels (four accumulator vectors)
- * per pass over the taps */
+/* one output pixel of a depthwise conv with C % 16 == 0: per 16 channels and tap, two loads,
+ * VMULLB/VMULLT.S8 (exact int16 products of the even / odd channels) and four widening adds into
+ * accumulators holding channels {0,4,8,12}, {2,6,10,14}, {1,5,9,13}, {3,7,11,15}; the table is
+ * in that order (kiln_mve_slot), the stores scatter the bytes back to channel order. */
 static inline void kiln_mve_dw16(const int8_t *const *tap, int32_t T, const int8_t *w, int32_t C, const int32_t *q,
-                                 int32_t cp, int32_t zy, int32_t lo, int32_t hi, int8_t *y)
+                                 int32_t zy, int32_t lo, int32_t hi, int8_t *y)
 {
-    for (int32_t c = 0; c < C; c += 16) {
-        int32x4_t a0 = vld1q_s32(q + c), a1 = vld1q_s32(q + c + 4), a2 = vld1q_s32(q + c + 8);
-        int32x4_t a3 = vld1q_s32(q + c + 12);
+    const uint32x4_t off = vidupq_n_u32(0, 4);
+    for (int32_t c = 0; c < C; c += 16, q += 64) {
+        int32x4_t a0 = vld1q_s32(q), a1 = vld1q_s32(q + 16), a2 = vld1q_s32(q + 32), a3 = vld1q_s32(q + 48);
         const int8_t *wp = w + c;
         for (int32_t t = 0; t < T; t++, wp += C) {
-            const int8_t *xp = tap[t] + c;
-            KILN_MVE_DW_TAP(a0, 0);
-            KILN_MVE_DW_TAP(a1, 4);
-            KILN_MVE_DW_TAP(a2, 8);
-            KILN_MVE_DW_TAP(a3, 12);
+            const int8x16_t xv = vld1q_s8(tap[t] + c), wv = vld1q_s8(wp);
+            const int16x8_t pe = vmullbq_int_s8(xv, wv), po = vmulltq_int_s8(xv, wv);
+            a0 = vaddq_s32(a0, vmovlbq_s16(pe));
+            a1 = vaddq_s32(a1, vmovltq_s16(pe));
+            a2 = vaddq_s32(a2, vmovlbq_s16(po));
+            a3 = vaddq_s32(a3, vmovltq_s16(po));
         }
-        KILN_MVE_DW_OUT(a0, 0);
-        KILN_MVE_DW_OUT(a1, 4);
-        KILN_MVE_DW_OUT(a2, 8);
-        KILN_MVE_DW_OUT(a3, 12);
+        vstrbq_scatter_offset_s32(y + c, off, kiln_mve_rq4(a0, q, zy, lo, hi));
+        vstrbq_scatter_offset_s32(y + c + 2, off, kiln_mve_rq4(a1, q + 16, zy, lo, hi));
+        vstrbq_scatter_offset_s32(y + c + 1, off, kiln_mve_rq4(a2, q + 32, zy, lo, hi));
+        vstrbq_scatter_offset_s32(y + c + 3, off, kiln_mve_rq4(a3, q + 48, zy, lo, hi));
     }
 }
 #endif
+
 static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
     const int8_t *x, int32_t H, int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t sh, int32_t sw, int32_t pt,
     int32_t pl, int32_t dh, int32_t dw, int32_t oh, int32_t ow, int32_t zx, int8_t *zrow, const int8_t *w,
     const int32_t *q, int32_t zy, int32_t lo, int32_t hi, int8_t *y)
 {
     const int8_t *tap[KILN_MVE_DW_MAX_TAPS];
-    const int32_t T = KH * KW, cp = (C + 3) & ~3;
+    const int32_t T = KH * KW, perm16 = (C & 15) == 0;
     kiln_mve_fill(zrow, (int8_t)zx, C);
     for (int32_t i = 0; i < oh; i++) {
         for (int32_t j = 0; j < ow; j++, y += C) {
@@ -271,20 +264,19 @@ static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
                 }
             }
 #if KILN_HAVE_MVE
-            if ((C & 15) == 0) {
-                kiln_mve_dw16(tap, T, w, C, q, cp, zy, lo, hi, y);
+            if (perm16) {
+                kiln_mve_dw16(tap, T, w, C, q, zy, lo, hi, y);
                 continue;
             }
             for (int32_t c = 0; c < C; c += 4) {
                 const mve_pred16_t pc = vctp32q((uint32_t)(C - c));
-                int32x4_t acc = vld1q_s32(q + c);
+                const int32_t *qb = q + 4 * c;
+                int32x4_t acc = vld1q_s32(qb);
                 const int8_t *wp = w + c;
                 for (int32_t t = 0; t < T; t++, wp += C) {
                     acc = vaddq_s32(acc, vmulq_s32(vldrbq_z_s32(tap[t] + c, pc), vldrbq_z_s32(wp, pc)));
                 }
-                const int32x4_t r = kiln_mve_rq4(acc, vld1q_s32(q + cp + c), vld1q_s32(q + 2 * cp + c),
-                                                 vld1q_s32(q + 3 * cp + c), zy, lo, hi);
-                vstrbq_p_s32(y + c, r, pc);
+                vstrbq_p_s32(y + c, kiln_mve_rq4(acc, qb, zy, lo, hi), pc);
             }
 #else
             for (int32_t c = 0; c < C; c++) {
@@ -292,7 +284,7 @@ static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
                 for (int32_t t = 0; t < T; t++) {
                     s += (int32_t)tap[t][c] * w[t * C + c];
                 }
-                y[c] = (int8_t)kiln_mve_out1(s, q, cp, c, zy, lo, hi);
+                y[c] = (int8_t)kiln_mve_out1(s, q, kiln_mve_slot(c, perm16), zy, lo, hi);
             }
 #endif
         }

@@ -94,14 +94,20 @@ def test_mve_kernels_on_mps3_an547_match_reference(case, tmp_path):
 def test_pack_gemm_layout():
     w = np.arange(6 * 20, dtype=np.int64).reshape(6, 20).astype(np.int8)
     p = ops_mve.pack_gemm(w)
-    assert p.shape == (6, 32)
-    np.testing.assert_array_equal(p[:, :20], w)
-    assert not p[:, 20:].any()
+    assert p.shape == (2, 2 * 64)
+    for o in range(8):
+        for k in range(32):
+            want = w[o, k] if o < 6 and k < 20 else 0
+            assert p[o // 4, (k // 16) * 64 + (o % 4) * 16 + k % 16] == want
 
 
 def test_requant_table_layout():
     t = ops_mve.requant_table(np.array([5, -7, 9]), np.array([1 << 30, 3, 4]), np.array([-3, 2, 0]))
     np.testing.assert_array_equal(t.reshape(4, 4), [[5, -7, 9, 0], [1 << 30, 3, 4, 0], [0, 2, 0, 0], [-3, 0, 0, 0]])
+    # a 16-channel depthwise block: vectors of channels {0,4,8,12}, {2,6,10,14}, {1,5,9,13}, {3,7,11,15}
+    t = ops_mve.requant_table(np.arange(32), np.zeros(32), np.zeros(32), perm16=True).reshape(8, 4, 4)
+    np.testing.assert_array_equal(t[:4, 0], [[0, 4, 8, 12], [2, 6, 10, 14], [1, 5, 9, 13], [3, 7, 11, 15]])
+    np.testing.assert_array_equal(t[4:, 0], 16 + t[:4, 0])
 
 
 WRAPPER = r"""
@@ -136,6 +142,7 @@ def test_portable_requantisation_matches_tflite(tmp_path):
 
 def test_group_inplace_shift_covers_own_reads_of_a_1x1_conv():
     G = {"N": 1, "H": 2, "W": 4, "C": 8, "O": 8, "oh": 2, "ow": 4, "sh": 1, "sw": 1, "pt": 0, "pl": 0}
-    # pixels 0..3 read bytes 0..31 while the group writes 32 bytes: the output must start a group below
-    assert ops_mve.group_inplace_shift(G, True) == 32
+    # pixel p reads bytes 8p..8p+7 while it writes its 8 outputs: the output must start a pixel below
+    assert ops_mve.group_inplace_shift(G, True) == 8
     assert ops_mve.group_inplace_shift(G, False) == 0
+    assert ops_mve.group_inplace_shift(G, True, group=4) == 32
