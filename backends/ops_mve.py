@@ -189,6 +189,29 @@ def lower_depthwise_mve(k, node, x, G):
     return _extern(x, wt, q, fcompute, (N, oh, ow, C), "dwconv")
 
 
+def lower_avg_pool_mve(k, node, x, G):
+    """int8 average pooling as one ``kiln_mve_avgpool_s8`` call per image (None: an input that
+    is not a kernel argument, or windows of more than 256 taps, whose int16 sums could overflow)."""
+    if not isinstance(x.op, te.PlaceholderOp) or G["KH"] * G["KW"] > 256:
+        return None
+    N, H, W, C, oh, ow = G["N"], G["H"], G["W"], G["C"], G["oh"], G["ow"]
+
+    def fcompute(ins, outs):
+        sm = tirx.decl_buffer((-(-C // 8) * 8,), "int16", name="psum")
+        n = tirx.Var("n", "int32")
+        call = tirx.call_extern("void", "kiln_mve_avgpool_s8", ins[0].access_ptr("r", offset=n * c(H * W * C)),
+                                c(H), c(W), c(C), c(G["KH"]), c(G["KW"]), c(G["sh"]), c(G["sw"]), c(G["pt"]),
+                                c(G["pl"]), c(oh), c(ow), sm.access_ptr("w"), c(-128), c(127),
+                                outs[0].access_ptr("w", offset=n * c(oh * ow * C)))
+        return tirx.SeqStmt([tirx.AllocBuffer(sm),
+                             tirx.For(n, c(0), c(N), tirx.ForKind.SERIAL, tirx.Evaluate(call))])
+    k.schedule(lambda sch, out_block: None)
+    xb = tirx.decl_buffer(x.shape, x.dtype, name=x.op.name, elem_offset=0)
+    yb = tirx.decl_buffer((N, oh, ow, C), "int8", name="avgpool", elem_offset=0)
+    return te.extern((N, oh, ow, C), [x], fcompute, name="avgpool", dtype="int8", in_buffers=[xb],
+                     out_buffers=[yb])
+
+
 def lower_conv2d(k, node, x, G, depthwise):
     """The Helium kernel for this conv2d, or None (ops_nn's DSP kernels then)."""
     if depthwise:

@@ -266,6 +266,10 @@ def lower_avg_pool(k, node, xs):
     _check_int8(k, node, [node.inputs[0], node.name])
     if tx.quant != ty.quant:
         k.fail("int8 avg_pool2d needs the same quantisation on input and output (TFLite)")
+    if k.target.kernels and k.target.helium:   # Helium (MVE): ops_mve.py
+        y = ops_mve.lower_avg_pool_mve(k, node, x, G)
+        if y is not None:
+            return y
 
     def body(n, oh, ow, ch):
         cnt = _window_count(oh, ow, G)

@@ -135,11 +135,14 @@ static void kiln_mve_gemm1(const int8_t *a, const int8_t *w, int32_t K, int32_t 
 #endif
 }
 
-/* copy n bytes / fill n bytes with v (predicated 16-byte steps on MVE) */
+/* copy n bytes / fill n bytes with v: whole 16-byte vectors, then one predicated one */
 static inline void kiln_mve_copy(int8_t *d, const int8_t *s, int32_t n)
 {
 #if KILN_HAVE_MVE
-    for (; n > 0; n -= 16, d += 16, s += 16) {
+    for (; n >= 16; n -= 16, d += 16, s += 16) {
+        vst1q_s8(d, vld1q_s8(s));
+    }
+    if (n > 0) {
         const mve_pred16_t p = vctp8q((uint32_t)n);
         vstrbq_p_s8(d, vldrbq_z_s8(s, p), p);
     }
@@ -154,7 +157,10 @@ static inline void kiln_mve_fill(int8_t *d, int8_t v, int32_t n)
 {
 #if KILN_HAVE_MVE
     const int8x16_t vv = vdupq_n_s8(v);
-    for (; n > 0; n -= 16, d += 16) {
+    for (; n >= 16; n -= 16, d += 16) {
+        vst1q_s8(d, vv);
+    }
+    if (n > 0) {
         vstrbq_p_s8(d, vv, vctp8q((uint32_t)n));
     }
 #else
@@ -175,6 +181,26 @@ static inline const int8_t *kiln_mve_patch(const int8_t *x, int32_t H, int32_t W
         return x + (ih0 * W + iw0) * C;
     }
     int8_t *d = patch;
+#if KILN_HAVE_MVE
+    if (row <= 16) {
+        /* rows of at most 16 bytes: the in-bounds span of every row is the same, one predicated
+         * copy each (after a fill with zx when the span is cut by the left or right edge) */
+        const int32_t a = iw0 < 0 ? 0 : iw0, b = iw0 + KW > W ? W : iw0 + KW;
+        const int32_t off = (a - iw0) * C, span = b > a ? (b - a) * C : 0;
+        const mve_pred16_t pr = vctp8q((uint32_t)row), ps = vctp8q((uint32_t)span);
+        const int8x16_t zv = vdupq_n_s8((int8_t)zx);
+        for (int32_t kh = 0; kh < KH; kh++, d += row) {
+            const int32_t ih = ih0 + kh;
+            if (ih < 0 || ih >= H || span != row) {
+                vstrbq_p_s8(d, zv, pr);
+            }
+            if (ih >= 0 && ih < H) {
+                vstrbq_p_s8(d + off, vldrbq_z_s8(x + (ih * W + a) * C, ps), ps);
+            }
+        }
+        return patch;
+    }
+#endif
     for (int32_t kh = 0; kh < KH; kh++, d += row) {
         const int32_t ih = ih0 + kh;
         if (ih < 0 || ih >= H) {
@@ -287,6 +313,53 @@ static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
                 y[c] = (int8_t)kiln_mve_out1(s, q, kiln_mve_slot(c, perm16), zy, lo, hi);
             }
 #endif
+        }
+    }
+}
+
+/* ---- int8 average pooling ---------------------------------------------------------------------
+ * TFLite's int8 AveragePool: per output pixel the sum of its in-image taps (padding excluded)
+ * divided by their count, rounding half away from zero, clamped to [lo, hi]. The sums of 8
+ * channels accumulate in int16 lanes (ops_mve allows at most 256 taps, so |sum| <= 32768 fits),
+ * one widening load and one add per tap; sum: C (rounded up to 8) int16 of scratch. */
+static __attribute__((noinline, unused)) void kiln_mve_avgpool_s8(
+    const int8_t *x, int32_t H, int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t sh, int32_t sw, int32_t pt,
+    int32_t pl, int32_t oh, int32_t ow, int16_t *sum, int32_t lo, int32_t hi, int8_t *y)
+{
+    for (int32_t i = 0; i < oh; i++) {
+        for (int32_t j = 0; j < ow; j++, y += C) {
+            const int32_t h0 = i * sh - pt, w0 = j * sw - pl;
+            const int32_t ha = h0 < 0 ? 0 : h0, hb = h0 + KH > H ? H : h0 + KH;
+            const int32_t wa = w0 < 0 ? 0 : w0, wb = w0 + KW > W ? W : w0 + KW;
+            const int32_t cnt = (hb - ha) * (wb - wa);
+            for (int32_t c = 0; c < C; c += 8) {
+#if KILN_HAVE_MVE
+                const mve_pred16_t p = vctp16q((uint32_t)(C - c));
+                int16x8_t acc = vdupq_n_s16(0);
+                for (int32_t h = ha; h < hb; h++) {
+                    const int8_t *px = x + (h * W + wa) * C + c;
+                    for (int32_t w = wa; w < wb; w++, px += C) {
+                        acc = vaddq_s16(acc, vldrbq_z_s16(px, p));
+                    }
+                }
+                vst1q_s16(sum + c, acc);
+#else
+                for (int32_t cc = c; cc < c + 8 && cc < C; cc++) {
+                    int32_t a = 0;
+                    for (int32_t h = ha; h < hb; h++) {
+                        for (int32_t w = wa; w < wb; w++) {
+                            a += x[(h * W + w) * C + cc];
+                        }
+                    }
+                    sum[cc] = (int16_t)a;
+                }
+#endif
+            }
+            for (int32_t c = 0; c < C; c++) {
+                const int32_t a = sum[c];
+                int32_t v = a > 0 ? (a + cnt / 2) / cnt : (a - cnt / 2) / cnt;
+                y[c] = (int8_t)(v < lo ? lo : (v > hi ? hi : v));
+            }
         }
     }
 }
