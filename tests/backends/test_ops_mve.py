@@ -1,7 +1,7 @@
 """Helium (MVE) kernels (backends/ops_mve.py, kiln_mve.h) bit-exact with the int8 reference: int8
-conv2d and depthwise layers over a table of geometries (padding, strides, odd pixel counts, C_out
-not a multiple of 4, reductions not a multiple of 16, channel counts with and without the
-16-channel depthwise path, 1x1 convs reading their input in place, activations), run on the host
+conv2d, depthwise and average-pooling layers over a table of geometries (padding, strides, odd
+pixel counts, C_out not a multiple of 4, reductions not a multiple of 16, channel counts with and
+without the 16-channel depthwise path, 1x1 convs reading their input in place, activations), run on the host
 (the portable C versions) and on the emulated Cortex-M55 (mps3-an547: the MVE versions); the
 packing and the requantisation table; the portable requantisation against TFLite's
 MultiplyByQuantizedMultiplier on its corner cases."""
@@ -31,6 +31,8 @@ CASES = [
     ("kws_like", (1, 15, 6, 1), [("conv", 16, (5, 4), (2, 2), 2, "relu"), ("dw", None, (3, 3), (1, 1), 1, "relu"),
                                  ("conv", 16, (1, 1), (1, 1), 0, "relu")]),
     ("strided_1x1_odd", (1, 6, 5, 20), [("conv", 6, (1, 1), (2, 2), 0, None), ("dw", None, (5, 3), (1, 1), 2, None)]),
+    ("avgpool", (1, 9, 7, 12), [("conv", 12, (1, 1), (1, 1), 0, None), ("pool", None, (3, 2), (2, 2), 1, None),
+                                ("dw", None, (3, 3), (1, 1), 1, None), ("pool", None, (4, 3), (1, 1), 0, None)]),
 ]
 
 
@@ -39,6 +41,11 @@ def _graph(name, shape, layers, rng):
     g.add_input("x", TensorType(shape))
     prev, c = "x", shape[-1]
     for i, (kind, co, (kh, kw), stride, pad, act) in enumerate(layers):
+        if kind == "pool":
+            g.add_node("avg_pool2d", [prev], {"pool": [kh, kw], "stride": list(stride), "padding": [pad] * 4},
+                       name=f"l{i}")
+            prev = f"l{i}"
+            continue
         co = c if kind == "dw" else co
         w_shape = (co, kh, kw, 1 if kind == "dw" else c)
         g.add_param(f"w{i}", rng.standard_normal(w_shape).astype(np.float32))
@@ -68,7 +75,9 @@ def test_mve_kernels_on_host_match_reference(case, tmp_path):
     q, xs = _quantised(case, 1)
     pkg = compile_pkg(q, target="cortex-m55", out_dir=tmp_path / "p", plot=False, measure_size=False)
     src = (tmp_path / "p" / "kernels.c").read_text()
-    assert "kiln_mve_conv_s8" in src and "kiln_mve_dw_s8" in src
+    kinds = {k for k, *_ in case[2]}
+    for kind, fn in (("conv", "kiln_mve_conv_s8"), ("dw", "kiln_mve_dw_s8"), ("pool", "kiln_mve_avgpool_s8")):
+        assert (fn in src) == (kind in kinds)
     for x in xs:
         np.testing.assert_array_equal(pkg.run(x)[0], run(q, x)[0])
 
