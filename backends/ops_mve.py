@@ -32,18 +32,26 @@ def pack_gemm(w2):
     return np.ascontiguousarray(blk).reshape(Op // 4, Kp * 4)
 
 
-def slots(n, perm16=False):
-    """Table slot of each of n channels (``kiln_mve_slot``): the channel itself, or for a depthwise
-    conv with n % 16 == 0 the order of its accumulator vectors, {0,4,8,12}, {2,6,10,14},
-    {1,5,9,13}, {3,7,11,15} within each 16."""
+def dw_perm(C):
+    """How ``kiln_mve_dw_s8`` orders a depthwise conv's channels in its accumulator vectors: 16
+    (C % 16 == 0), 8 (C % 8 == 0) or 0 (channel order)."""
+    return 16 if C % 16 == 0 else 8 if C % 8 == 0 else 0
+
+
+def slots(n, perm=0):
+    """Table slot of each of n channels (``kiln_mve_slot``): the channel itself (perm 0); with
+    perm 16 the depthwise accumulator order {0,4,8,12}, {2,6,10,14}, {1,5,9,13}, {3,7,11,15} within
+    each 16, with perm 8 {0,2,4,6}, {1,3,5,7} within each 8."""
     c = np.arange(n)
-    if not perm16:
-        return c
-    cc = c & 15
-    return (c & ~15) + ((((cc & 1) << 1) | ((cc >> 1) & 1)) << 2) + (cc >> 2)
+    if perm == 16:
+        cc = c & 15
+        return (c & ~15) + ((((cc & 1) << 1) | ((cc >> 1) & 1)) << 2) + (cc >> 2)
+    if perm == 8:
+        return (c & ~7) + ((c & 1) << 2) + ((c & 7) >> 1)
+    return c
 
 
-def requant_table(bias, mult, shift, perm16=False):
+def requant_table(bias, mult, shift, perm=0):
     """int32 words, per block of 4 channel slots {bias x4, mult x4, left shift x4, -right shift x4}
     (the layout kiln_mve.h documents; N padded to a multiple of 4). ``bias`` already holds the
     folded input zero point."""
@@ -51,7 +59,7 @@ def requant_table(bias, mult, shift, perm16=False):
     np_ = -(-n // 4) * 4
     shift = np.asarray(shift, np.int64)
     tab = np.zeros((4, np_), np.int64)
-    s = slots(n, perm16)
+    s = slots(n, perm)
     tab[0, s] = bias
     tab[1, s] = mult
     tab[2, s] = np.maximum(shift, 0)
@@ -170,7 +178,7 @@ def lower_depthwise_mve(k, node, x, G):
         return None
     mult, shift = linear_requant(tx, k.type(node.inputs[1]), ty, C)
     wt = k.const("w_dw_mve", np.ascontiguousarray(wc.T).astype(np.int8))
-    q = k.const("rq_mve", requant_table(folded, mult, shift, perm16=C % 16 == 0))
+    q = k.const("rq_mve", requant_table(folded, mult, shift, perm=dw_perm(C)))
     k.schedule(lambda sch, out_block: None)
     N, H, W = G["N"], G["H"], G["W"]
     oh, ow = G["oh"], G["ow"]

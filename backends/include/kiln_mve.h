@@ -12,7 +12,8 @@
  * multiplier x4, left shift x4 (max(shift, 0)), minus the right shift x4 (min(shift, 0))}; the
  * bias has the input zero point folded in (bias - zx * sum(w)). Slot = channel, except in a
  * depthwise conv with C % 16 == 0, whose vectors hold channels {0,4,8,12}, {2,6,10,14},
- * {1,5,9,13}, {3,7,11,15} of each 16 (kiln_mve_slot; ops_mve.requant_table permutes to match).
+ * {1,5,9,13}, {3,7,11,15} of each 16, or else C % 8 == 0: {0,2,4,6}, {1,3,5,7} of each 8
+ * (kiln_mve_slot; ops_mve.requant_table permutes to match).
  * MultiplyByQuantizedMultiplier(acc, m, shift) = RoundingDivideByPOT(SRDHM(acc << left, m), right):
  * VQRDMULH is SaturatingRoundingDoublingHighMul exactly (its round-half-up of the doubled
  * product equals gemmlowp's truncating form with the 1 - 2^30 nudge, and it saturates the one
@@ -53,10 +54,13 @@ static inline int32_t kiln_mve_mbqm1(int32_t acc, int32_t mult, int32_t lsh, int
     return (v >> e) + (rem > thr ? 1 : 0);
 }
 
-static inline int32_t kiln_mve_slot(int32_t c, int32_t perm16)
+static inline int32_t kiln_mve_slot(int32_t c, int32_t perm)
 {
-    const int32_t cc = c & 15;
-    return perm16 ? (c & ~15) + ((((cc & 1) << 1) | ((cc >> 1) & 1)) << 2) + (cc >> 2) : c;
+    if (perm == 16) {
+        const int32_t cc = c & 15;
+        return (c & ~15) + ((((cc & 1) << 1) | ((cc >> 1) & 1)) << 2) + (cc >> 2);
+    }
+    return perm == 8 ? (c & ~7) + ((c & 1) << 2) + ((c & 7) >> 1) : c;
 }
 
 static inline int32_t kiln_mve_out1(int32_t acc, const int32_t *q, int32_t slot, int32_t zy, int32_t lo, int32_t hi)
@@ -269,6 +273,25 @@ static inline void kiln_mve_dw16(const int8_t *const *tap, int32_t T, const int8
         vstrbq_scatter_offset_s32(y + c + 3, off, kiln_mve_rq4(a3, q + 48, zy, lo, hi));
     }
 }
+
+/* the same with C % 8 == 0: per 8 channels and tap, two widening loads to int16 and VMULLB/VMULLT.S16
+ * into accumulators of channels {0,2,4,6} and {1,3,5,7} */
+static inline void kiln_mve_dw8(const int8_t *const *tap, int32_t T, const int8_t *w, int32_t C, const int32_t *q,
+                                int32_t zy, int32_t lo, int32_t hi, int8_t *y)
+{
+    const uint32x4_t off = vidupq_n_u32(0, 2);
+    for (int32_t c = 0; c < C; c += 8, q += 32) {
+        int32x4_t a0 = vld1q_s32(q), a1 = vld1q_s32(q + 16);
+        const int8_t *wp = w + c;
+        for (int32_t t = 0; t < T; t++, wp += C) {
+            const int16x8_t xv = vldrbq_s16(tap[t] + c), wv = vldrbq_s16(wp);
+            a0 = vaddq_s32(a0, vmullbq_int_s16(xv, wv));
+            a1 = vaddq_s32(a1, vmulltq_int_s16(xv, wv));
+        }
+        vstrbq_scatter_offset_s32(y + c, off, kiln_mve_rq4(a0, q, zy, lo, hi));
+        vstrbq_scatter_offset_s32(y + c + 1, off, kiln_mve_rq4(a1, q + 16, zy, lo, hi));
+    }
+}
 #endif
 
 static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
@@ -277,21 +300,38 @@ static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
     const int32_t *q, int32_t zy, int32_t lo, int32_t hi, int8_t *y)
 {
     const int8_t *tap[KILN_MVE_DW_MAX_TAPS];
-    const int32_t T = KH * KW, perm16 = (C & 15) == 0;
+    int32_t toff[KILN_MVE_DW_MAX_TAPS];
+    const int32_t T = KH * KW, perm = (C & 15) == 0 ? 16 : ((C & 7) == 0 ? 8 : 0);
+    for (int32_t kh = 0, t = 0; kh < KH; kh++) {
+        for (int32_t kw = 0; kw < KW; kw++, t++) {
+            toff[t] = (kh * dh * W + kw * dw) * C;
+        }
+    }
     kiln_mve_fill(zrow, (int8_t)zx, C);
     for (int32_t i = 0; i < oh; i++) {
         for (int32_t j = 0; j < ow; j++, y += C) {
             const int32_t ih0 = i * sh - pt, iw0 = j * sw - pl;
-            for (int32_t kh = 0, t = 0; kh < KH; kh++) {
-                const int32_t ih = ih0 + kh * dh;
-                for (int32_t kw = 0; kw < KW; kw++, t++) {
-                    const int32_t iw = iw0 + kw * dw;
-                    tap[t] = (ih < 0 || ih >= H || iw < 0 || iw >= W) ? zrow : x + (ih * W + iw) * C;
+            if (ih0 >= 0 && ih0 + (KH - 1) * dh < H && iw0 >= 0 && iw0 + (KW - 1) * dw < W) {
+                const int8_t *xb = x + (ih0 * W + iw0) * C;     /* every tap inside */
+                for (int32_t t = 0; t < T; t++) {
+                    tap[t] = xb + toff[t];
+                }
+            } else {
+                for (int32_t kh = 0, t = 0; kh < KH; kh++) {
+                    const int32_t ih = ih0 + kh * dh;
+                    for (int32_t kw = 0; kw < KW; kw++, t++) {
+                        const int32_t iw = iw0 + kw * dw;
+                        tap[t] = (ih < 0 || ih >= H || iw < 0 || iw >= W) ? zrow : x + (ih * W + iw) * C;
+                    }
                 }
             }
 #if KILN_HAVE_MVE
-            if (perm16) {
+            if (perm == 16) {
                 kiln_mve_dw16(tap, T, w, C, q, zy, lo, hi, y);
+                continue;
+            }
+            if (perm == 8) {
+                kiln_mve_dw8(tap, T, w, C, q, zy, lo, hi, y);
                 continue;
             }
             for (int32_t c = 0; c < C; c += 4) {
@@ -310,7 +350,7 @@ static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
                 for (int32_t t = 0; t < T; t++) {
                     s += (int32_t)tap[t][c] * w[t * C + c];
                 }
-                y[c] = (int8_t)kiln_mve_out1(s, q, kiln_mve_slot(c, perm16), zy, lo, hi);
+                y[c] = (int8_t)kiln_mve_out1(s, q, kiln_mve_slot(c, perm), zy, lo, hi);
             }
 #endif
         }

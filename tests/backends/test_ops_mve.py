@@ -22,7 +22,7 @@ from tests.firmware.helpers import need_qemu
 
 INCLUDE = os.path.join(os.path.dirname(__file__), "..", "..", "backends", "include")
 
-# (name, input NHWC, layers: (kind, C_out or None, kernel, stride, padding, activation))
+# (name, input NHWC, layers: (kind, C_out or None, kernel, stride, padding, activation[, dilation]))
 CASES = [
     ("conv_pad_stride", (1, 9, 7, 3), [("conv", 20, (3, 3), (2, 1), 1, "relu"), ("dw", None, (3, 3), (1, 1), 1, None),
                                        ("conv", 36, (1, 1), (1, 1), 0, None)]),
@@ -31,6 +31,8 @@ CASES = [
     ("kws_like", (1, 15, 6, 1), [("conv", 16, (5, 4), (2, 2), 2, "relu"), ("dw", None, (3, 3), (1, 1), 1, "relu"),
                                  ("conv", 16, (1, 1), (1, 1), 0, "relu")]),
     ("strided_1x1_odd", (1, 6, 5, 20), [("conv", 6, (1, 1), (2, 2), 0, None), ("dw", None, (5, 3), (1, 1), 2, None)]),
+    ("dw8_dilated", (1, 11, 9, 24), [("dw", None, (3, 3), (1, 1), 2, "relu", (2, 2)), ("conv", 8, (3, 3), (1, 1), 1, None),
+                                      ("dw", None, (3, 3), (2, 2), 1, "relu6")]),
     ("avgpool", (1, 9, 7, 12), [("conv", 12, (1, 1), (1, 1), 0, None), ("pool", None, (3, 2), (2, 2), 1, None),
                                 ("dw", None, (3, 3), (1, 1), 1, None), ("pool", None, (4, 3), (1, 1), 0, None)]),
 ]
@@ -40,7 +42,7 @@ def _graph(name, shape, layers, rng):
     g = Graph(name)
     g.add_input("x", TensorType(shape))
     prev, c = "x", shape[-1]
-    for i, (kind, co, (kh, kw), stride, pad, act) in enumerate(layers):
+    for i, (kind, co, (kh, kw), stride, pad, act, *dilation) in enumerate(layers):
         if kind == "pool":
             g.add_node("avg_pool2d", [prev], {"pool": [kh, kw], "stride": list(stride), "padding": [pad] * 4},
                        name=f"l{i}")
@@ -53,6 +55,8 @@ def _graph(name, shape, layers, rng):
         attrs = {"stride": list(stride), "padding": [pad, pad, pad, pad]}
         if kind == "dw":
             attrs["groups"] = c
+        if dilation:
+            attrs["dilation"] = list(dilation[0])
         if act:
             attrs["activation"] = act
         g.add_node("conv2d", [prev, f"w{i}", f"b{i}"], attrs, name=f"l{i}")
@@ -114,9 +118,12 @@ def test_requant_table_layout():
     t = ops_mve.requant_table(np.array([5, -7, 9]), np.array([1 << 30, 3, 4]), np.array([-3, 2, 0]))
     np.testing.assert_array_equal(t.reshape(4, 4), [[5, -7, 9, 0], [1 << 30, 3, 4, 0], [0, 2, 0, 0], [-3, 0, 0, 0]])
     # a 16-channel depthwise block: vectors of channels {0,4,8,12}, {2,6,10,14}, {1,5,9,13}, {3,7,11,15}
-    t = ops_mve.requant_table(np.arange(32), np.zeros(32), np.zeros(32), perm16=True).reshape(8, 4, 4)
+    t = ops_mve.requant_table(np.arange(32), np.zeros(32), np.zeros(32), perm=16).reshape(8, 4, 4)
     np.testing.assert_array_equal(t[:4, 0], [[0, 4, 8, 12], [2, 6, 10, 14], [1, 5, 9, 13], [3, 7, 11, 15]])
     np.testing.assert_array_equal(t[4:, 0], 16 + t[:4, 0])
+    # an 8-channel block: {0,2,4,6}, {1,3,5,7}
+    t = ops_mve.requant_table(np.arange(16), np.zeros(16), np.zeros(16), perm=8).reshape(4, 4, 4)
+    np.testing.assert_array_equal(t[:, 0], [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14], [9, 11, 13, 15]])
 
 
 WRAPPER = r"""
