@@ -89,10 +89,51 @@ static inline int32x4_t kiln_mve_rq4(int32x4_t acc, const int32_t *qb, int32_t z
  * one output pixel, K bytes; y: its O output bytes. Per block of 4 channels, per chunk: one
  * input load, four weight loads, four VMLADAVA (64 MACs; VMLADAVA accumulates in even registers,
  * four of them stay in registers); then one vector of the 4 channels, requantised and stored. */
+#if KILN_HAVE_MVE
+static inline void kiln_mve_store4(int8_t *y, int32x4_t v, int32_t left)
+{
+    if (left >= 4) {
+        vstrbq_s32(y, v);
+    } else {
+        vstrbq_p_s32(y, v, vctp32q((uint32_t)left));
+    }
+}
+
+/* kiln_mve_gemm1 for K <= 32: the pixel's (at most) two input vectors are loaded once for all
+ * channel blocks */
+static inline void kiln_mve_gemm1_small(const int8_t *a, const int8_t *w, int32_t K, int32_t O, const int32_t *q,
+                                        int32_t zy, int32_t lo, int32_t hi, int8_t *y)
+{
+    const int8x16_t x0 = vldrbq_z_s8(a, vctp8q((uint32_t)K));
+    if (K <= 16) {
+        for (int32_t o = 0; o < O; o += 4, q += 16, w += 64) {
+            int32x4_t v = vdupq_n_s32(vmladavq_s8(x0, vld1q_s8(w)));
+            v = vsetq_lane_s32(vmladavq_s8(x0, vld1q_s8(w + 16)), v, 1);
+            v = vsetq_lane_s32(vmladavq_s8(x0, vld1q_s8(w + 32)), v, 2);
+            v = vsetq_lane_s32(vmladavq_s8(x0, vld1q_s8(w + 48)), v, 3);
+            kiln_mve_store4(y + o, kiln_mve_rq4(vaddq_s32(v, vld1q_s32(q)), q, zy, lo, hi), O - o);
+        }
+        return;
+    }
+    const int8x16_t x1 = vldrbq_z_s8(a + 16, vctp8q((uint32_t)(K - 16)));
+    for (int32_t o = 0; o < O; o += 4, q += 16, w += 128) {
+        int32x4_t v = vdupq_n_s32(vmladavaq_s8(vmladavq_s8(x0, vld1q_s8(w)), x1, vld1q_s8(w + 64)));
+        v = vsetq_lane_s32(vmladavaq_s8(vmladavq_s8(x0, vld1q_s8(w + 16)), x1, vld1q_s8(w + 80)), v, 1);
+        v = vsetq_lane_s32(vmladavaq_s8(vmladavq_s8(x0, vld1q_s8(w + 32)), x1, vld1q_s8(w + 96)), v, 2);
+        v = vsetq_lane_s32(vmladavaq_s8(vmladavq_s8(x0, vld1q_s8(w + 48)), x1, vld1q_s8(w + 112)), v, 3);
+        kiln_mve_store4(y + o, kiln_mve_rq4(vaddq_s32(v, vld1q_s32(q)), q, zy, lo, hi), O - o);
+    }
+}
+#endif
+
 static void kiln_mve_gemm1(const int8_t *a, const int8_t *w, int32_t K, int32_t O, const int32_t *q, int32_t zy,
                            int32_t lo, int32_t hi, int8_t *y)
 {
 #if KILN_HAVE_MVE
+    if (K <= 32) {
+        kiln_mve_gemm1_small(a, w, K, O, q, zy, lo, hi, y);
+        return;
+    }
     const int32_t kfull = K >> 4, ktail = K & 15;
     const mve_pred16_t pk = vctp8q((uint32_t)ktail);
     for (int32_t o = 0; o < O; o += 4, q += 16) {
@@ -119,12 +160,7 @@ static void kiln_mve_gemm1(const int8_t *a, const int8_t *w, int32_t K, int32_t 
         v = vsetq_lane_s32(s1, v, 1);
         v = vsetq_lane_s32(s2, v, 2);
         v = vsetq_lane_s32(s3, v, 3);
-        v = kiln_mve_rq4(vaddq_s32(v, vld1q_s32(q)), q, zy, lo, hi);
-        if (O - o >= 4) {
-            vstrbq_s32(y + o, v);
-        } else {
-            vstrbq_p_s32(y + o, v, vctp32q((uint32_t)(O - o)));
-        }
+        kiln_mve_store4(y + o, kiln_mve_rq4(vaddq_s32(v, vld1q_s32(q)), q, zy, lo, hi), O - o);
     }
 #else
     const int32_t kc = (K + 15) >> 4;
