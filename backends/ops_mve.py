@@ -177,8 +177,14 @@ def lower_depthwise_mve(k, node, x, G):
     if folded is None:
         return None
     mult, shift = linear_requant(tx, k.type(node.inputs[1]), ty, C)
-    wt = k.const("w_dw_mve", np.ascontiguousarray(wc.T).astype(np.int8))
-    q = k.const("rq_mve", requant_table(folded, mult, shift, perm=dw_perm(C)))
+    wt = np.ascontiguousarray(wc.T).astype(np.int8)
+    qt = requant_table(folded, mult, shift, perm=dw_perm(C))
+    pair = int(C == 8 and G["sw"] == 1)
+    if pair:    # two neighbouring pixels as one of 16 channels: weights and table twice, after the others
+        wt = np.concatenate([wt.ravel(), np.tile(wt, (1, 2)).ravel()])
+        qt = np.concatenate([qt, requant_table(np.tile(folded, 2), np.tile(mult, 2), np.tile(shift, 2), perm=16)])
+    wt = k.const("w_dw_mve", wt)
+    q = k.const("rq_mve", qt)
     k.schedule(lambda sch, out_block: None)
     N, H, W = G["N"], G["H"], G["W"]
     oh, ow = G["oh"], G["ow"]
@@ -190,7 +196,7 @@ def lower_depthwise_mve(k, node, x, G):
         call = tirx.call_extern("void", "kiln_mve_dw_s8", xb.access_ptr("r", offset=n * c(H * W * C)),
                                 c(H), c(W), c(C), c(G["KH"]), c(G["KW"]), c(G["sh"]), c(G["sw"]), c(G["pt"]),
                                 c(G["pl"]), c(G["dh"]), c(G["dw"]), c(oh), c(ow), c(zx), zrow.access_ptr("w"),
-                                wbuf.access_ptr("r"), qb.access_ptr("r"), c(zy), c(lo), c(hi),
+                                wbuf.access_ptr("r"), qb.access_ptr("r"), c(zy), c(lo), c(hi), c(pair),
                                 outs[0].access_ptr("w", offset=n * c(oh * ow * C)))
         body = tirx.For(n, c(0), c(N), tirx.ForKind.SERIAL, tirx.Evaluate(call))
         return tirx.SeqStmt([tirx.AllocBuffer(zrow), body])

@@ -281,7 +281,9 @@ static __attribute__((noinline, unused)) void kiln_mve_conv_s8(
  * bias with zx * sum over all taps folded in). Per output pixel, its tap pointers (a tap outside
  * the input points at zrow, C bytes of zx, so every tap adds (x - zx) * w exactly as TFLite's
  * padding does), then per block of 4 channels one int32 accumulator vector: per tap two
- * widening loads, VMUL, VADD. */
+ * widening loads, VMUL, VADD. pair (C = 8, stride 1 along W): two neighbouring pixels inside the
+ * input are computed as one pixel of 16 channels, with the weights (T x 16) and table (16 slots)
+ * for it stored after the others. */
 #define KILN_MVE_DW_MAX_TAPS 64
 #if KILN_HAVE_MVE
 /* one output pixel of a depthwise conv with C % 16 == 0: per 16 channels and tap, two loads,
@@ -333,10 +335,11 @@ static inline void kiln_mve_dw8(const int8_t *const *tap, int32_t T, const int8_
 static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
     const int8_t *x, int32_t H, int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t sh, int32_t sw, int32_t pt,
     int32_t pl, int32_t dh, int32_t dw, int32_t oh, int32_t ow, int32_t zx, int8_t *zrow, const int8_t *w,
-    const int32_t *q, int32_t zy, int32_t lo, int32_t hi, int8_t *y)
+    const int32_t *q, int32_t zy, int32_t lo, int32_t hi, int32_t pair, int8_t *y)
 {
     const int8_t *tap[KILN_MVE_DW_MAX_TAPS];
     int32_t toff[KILN_MVE_DW_MAX_TAPS];
+    (void)pair;
     const int32_t T = KH * KW, perm = (C & 15) == 0 ? 16 : ((C & 7) == 0 ? 8 : 0);
     for (int32_t kh = 0, t = 0; kh < KH; kh++) {
         for (int32_t kw = 0; kw < KW; kw++, t++) {
@@ -352,6 +355,17 @@ static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
                 for (int32_t t = 0; t < T; t++) {
                     tap[t] = xb + toff[t];
                 }
+#if KILN_HAVE_MVE
+                if (pair && j + 1 < ow && iw0 + 1 + (KW - 1) * dw < W) {
+                    /* C = 8, stride 1 along W: this pixel and the next one, both inside, as one
+                     * pixel of 16 channels (their taps and outputs are adjacent); weights and
+                     * table for it follow the others (ops_mve.lower_depthwise_mve) */
+                    kiln_mve_dw16(tap, T, w + T * C, 16, q + 4 * C, zy, lo, hi, y);
+                    j++;
+                    y += C;
+                    continue;
+                }
+#endif
             } else {
                 for (int32_t kh = 0, t = 0; kh < KH; kh++) {
                     const int32_t ih = ih0 + kh * dh;
