@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kiln.frontend.executor import run, run_updates
+from kiln.frontend.executor import run_stateful, run_updates
 from kiln.frontend.graph import Graph
 from kiln.frontend.loader import load_model
 
@@ -18,9 +18,16 @@ class ReferencePackage:
     backend = "reference"
     path = None
     manifest = None
+    state: dict = dataclasses.field(default_factory=dict)   # stateful graphs: the state runs carry
 
     def run(self, *inputs, feeds=None, params=None):
-        return run(self.graph, *inputs, feeds=feeds, params=params)
+        """One inference; a stateful graph (``graph.states``: SVDF) starts from the state the
+        previous call left (``reset_state()`` goes back to the reset values)."""
+        return run_stateful(self.graph, self.state, *inputs, feeds=feeds, params=params)
+
+    def reset_state(self):
+        """Back to the reset values of the graph's states (zeros / zero points)."""
+        self.state.clear()
 
     def run_updates(self, *inputs, feeds=None, params=None):
         return run_updates(self.graph, *inputs, feeds=feeds, params=params)

@@ -144,3 +144,24 @@ def run_updates(graph: Graph, *args, **kw):
         return run(graph, *args, **kw), {}
     outs, kept = run(graph, *args, keep=keep, **kw)
     return outs, {b: kept[v] for b, v in graph.updates.items()}
+
+
+def initial_state(graph: Graph) -> dict:
+    """The reset value of every state of a stateful graph (``graph.states``): {state: array}."""
+    return {s: np.array(graph.consts[s]) for s in graph.states}
+
+
+def run_stateful(graph: Graph, state: dict, *args, **kw):
+    """One run of a stateful graph from ``state`` ({state constant: current value}; a missing entry
+    starts at its reset value), writing the states the run leaves back into ``state``. Successive
+    calls with the same dict carry the state as TFLite's variable tensors do; ``state.clear()``
+    (or a fresh dict) resets it. Graphs without states run as ``run`` does."""
+    if not graph.states:
+        return run(graph, *args, **kw)
+    params = dict(kw.pop("params", None) or {})
+    params.update({s: state[s] for s in graph.states if s in state})
+    keep = list(graph.states.values())
+    outs, kept = run(graph, *args, params=params, keep=keep + list(kw.pop("keep", ())), **kw)
+    for s, v in graph.states.items():
+        state[s] = np.array(kept[v])
+    return outs

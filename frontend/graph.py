@@ -4,6 +4,12 @@ Values are named by strings. A value is one of: a graph input (fed at run time),
 (trainable tensor, stored in the graph), a constant (non-trainable tensor: literals, buffers such as
 BatchNorm running statistics, int8 weights) or the output of exactly one node (a node's name is the
 name of the value it produces). Nothing holds a closure: a graph is data and serialises exactly.
+
+A stateful graph (TFLite's variable tensors: SVDF's activation state) lists its states in
+``states``: ``states[c] = v`` says that constant ``c`` holds the state's reset value and that a run
+leaves the value ``v`` computed as the state the next run reads. Runners keep the current state
+(frontend/executor.py ``Session``, the C package's static state buffers) and reset it to the
+constants on ``reset_state()``. ``updates`` are BatchNorm's train-mode buffer updates, not states.
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ class Graph:
         self.outputs: list[str] = []
         self.types: dict[str, TensorType] = {}
         self.updates: dict[str, str] = {}   # buffer (const) name -> value holding its new value (train mode)
+        self.states: dict[str, str] = {}    # state (const: its reset value) -> value holding the next state
         self.meta: dict = {}
         self._producer: dict[str, Node] = {}
 
@@ -125,7 +132,7 @@ class Graph:
         for k, n in enumerate(self.nodes):
             for i in n.inputs:
                 last[i] = k
-        for o in list(self.outputs) + list(self.updates.values()):
+        for o in list(self.outputs) + list(self.updates.values()) + list(self.states.values()):
             last[o] = len(self.nodes)
         return last
 
@@ -183,6 +190,13 @@ class Graph:
         for b, v in self.updates.items():
             if b not in self.consts or v not in seen | defined:
                 raise GraphError(f"buffer update {b!r} <- {v!r} refers to an undefined value")
+        for s, v in self.states.items():
+            if s not in self.consts or v not in seen:
+                raise GraphError(f"state {s!r} <- {v!r}: a state must be a constant (its reset value) updated by a "
+                                 f"node's output")
+            if (self.types[s].shape, self.types[s].dtype, self.types[s].quant) != \
+                    (self.types[v].shape, self.types[v].dtype, self.types[v].quant):
+                raise GraphError(f"state {s!r} is {self.types[s]} but its next value {v!r} is {self.types[v]}")
         limits.check("max_depth", self.depth(), f"graph {self.name!r}")
         return self
 
@@ -198,6 +212,8 @@ class Graph:
         lines.append("  return " + ", ".join(self.outputs))
         for b, v in self.updates.items():
             lines.append(f"  update {b} <- {v}")
+        for s, v in self.states.items():
+            lines.append(f"  state {s} <- {v}")
         return "\n".join(lines)
 
     __str__ = pretty
@@ -228,6 +244,7 @@ class Graph:
         g.outputs = list(self.outputs)
         g.types = dict(self.types)
         g.updates = dict(self.updates)
+        g.states = dict(self.states)
         g.meta = dict(self.meta)
         g._producer = {n.name: n for n in g.nodes}
         return g

@@ -32,12 +32,13 @@ def _replace_uses(g, old, new):
         n.inputs = [new if i == old else i for i in n.inputs]
     g.outputs = [new if o == old else o for o in g.outputs]
     g.updates = {b: (new if v == old else v) for b, v in g.updates.items()}
+    g.states = {s: (new if v == old else v) for s, v in g.states.items()}
 
 
 def eliminate_dead(g: Graph) -> Graph:
     """Drop nodes, parameters and constants that no output depends on."""
     g = g.copy()
-    live = set(g.outputs) | set(g.updates.values()) | set(g.updates)
+    live = set(g.outputs) | set(g.updates.values()) | set(g.updates) | set(g.states.values()) | set(g.states)
     keep = []
     for n in reversed(g.nodes):
         if n.name in live:

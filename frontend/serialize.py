@@ -34,6 +34,7 @@ def to_dict(graph: Graph):
         "types": {k: t.to_json() for k, t in graph.types.items()},
         "nodes": [{"name": n.name, "op": n.op, "inputs": list(n.inputs), "attrs": n.attrs} for n in graph.nodes],
         "outputs": list(graph.outputs), "updates": dict(graph.updates),
+        **({"states": dict(graph.states)} if graph.states else {}),
         "meta": {k: v for k, v in graph.meta.items() if not k.startswith("_") and _jsonable(v)},
     }
 
@@ -117,6 +118,7 @@ def from_dict(d, arrays) -> Graph:
     g.nodes = [Node(n["name"], n["op"], list(n["inputs"]), dict(n["attrs"])) for n in d["nodes"]]
     g.outputs = list(d["outputs"])
     g.updates = dict(d.get("updates", {}))
+    g.states = dict(d.get("states", {}))
     g.meta = dict(d.get("meta", {}))
     try:
         g.validate()

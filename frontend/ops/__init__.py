@@ -22,6 +22,7 @@ from . import (  # noqa: F401
     reduce_shape,
     reductions,
     resize,
+    svdf,
     transpose_conv,
 )
 from ._util import norm_axes  # noqa: F401
