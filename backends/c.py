@@ -39,14 +39,24 @@ class CPackage:
         """The package built as a host shared library (cached by the sources' hash)."""
         return HostModel(self.path)
 
+    def _host(self) -> HostModel:
+        if getattr(self, "_host_model", None) is None:
+            self._host_model = self.host_model()
+        return self._host_model
+
+    def reset_state(self):
+        """A stateful package (manifest ``states``): the next run starts from the reset state."""
+        self._host().reset_state()
+
     def run(self, *inputs, feeds=None, params=None):
-        """Run on the host (compiled with host gcc, called through ctypes)."""
+        """Run on the host (compiled with host gcc, called through ctypes). A stateful package
+        carries its state from one call to the next (``reset_state()`` starts over)."""
         if params:
             raise UsageError(f"{self.path}: a C package has its weights compiled in; recompile the model to "
                              f"change {', '.join(sorted(params))}")
         if feeds is not None:
             inputs = feeds_as_inputs([t.name for t in self.manifest.inputs], inputs, feeds, f"package {self.path}")
-        return self.host_model().run(*inputs)
+        return self._host().run(*inputs)
 
     def run_updates(self, *inputs, feeds=None, params=None):
         return self.run(*inputs, feeds=feeds, params=params), {}

@@ -77,7 +77,7 @@ def _ptr_cast(dtype, const):
 
 
 def render(out_dir, *, model_name, target, kernels, commands, consts, plan, inputs, outputs,
-           schedule, write_extras=True, optimize="size"):
+           schedule, write_extras=True, optimize="size", states=()):
     """Write model.h, model.c, kernels.c, kiln_cmd.h and kiln_intrinsics.h; ``inputs``/``outputs``
     are manifest Tensors. Returns the bytes of constant data (weights, tables)."""
     os.makedirs(out_dir, exist_ok=True)
@@ -108,16 +108,21 @@ def render(out_dir, *, model_name, target, kernels, commands, consts, plan, inpu
     const_ctx = [dict(ctype=CTYPES[str(arr.dtype)], cname=cname, count=max(1, arr.size), desc=desc,
                       body=c_array_body(arr)) for cname, arr, desc in consts]
     weight_bytes = int(sum(arr.nbytes for _, arr, _ in consts))
+    state_ctx = [dict(s, ctype=CTYPES[s["dtype"]], init=None if s["fill"] is not None else c_array_body(s["reset"]),
+                      fill=None if s["fill"] is None else _cfloat(s["fill"]) if s["dtype"].startswith("float")
+                      else str(s["fill"])) for s in states]
+    state_bytes = int(sum(s["bytes"] for s in states))
     files = {
         "model.h": _ENV.get_template("model.h.j2").render(
             **ctx, inputs=inputs, outputs=outputs, arena_bytes=plan.arena_bytes, strategy=plan.strategy,
             drawing=plan.drawing(width=64).splitlines(), commands=commands,
             input_bytes=sum(t.bytes for t in inputs), output_bytes=sum(t.bytes for t in outputs),
-            max_rank=max([len(t.shape) for t in list(inputs) + list(outputs)] + [1]), dtype_codes=DTYPE_CODES),
+            states=state_ctx, state_bytes=state_bytes, max_rank=max([len(t.shape) for t in list(inputs) + list(outputs)] + [1]), dtype_codes=DTYPE_CODES),
         "kiln_cmd.h": _ENV.get_template("kiln_cmd.h.j2").render(max_io=max_io, max_data=max_data,
                                                                 num_kernels=len(kernels)),
         "model.c": _ENV.get_template("model.c.j2").render(**ctx, consts=const_ctx, commands=cmd_ctx,
                                                           weight_bytes=weight_bytes, inputs=inputs, outputs=outputs,
+                                                          states=state_ctx, state_bytes=state_bytes,
                                                           input_info=[_tensor_info(t) for t in inputs],
                                                           output_info=[_tensor_info(t) for t in outputs]),
         "kernels.c": _ENV.get_template("kernels.c.j2").render(**ctx, kernels=kern_ctx, schedule=schedule),

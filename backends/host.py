@@ -50,6 +50,13 @@ class HostModel:
         self._arena_raw = np.zeros(n + 16, np.uint8)
         off = (-self._arena_raw.ctypes.data) % 16
         self.arena = self._arena_raw[off:off + n]
+        self.reset_state()      # the library may be loaded already (one copy per process): start afresh
+
+    def reset_state(self):
+        """kiln_reset_state(): a stateful package's next run starts from the reset state (its
+        state lives in the library, so every HostModel of one package shares it)."""
+        if self.manifest.states:
+            self.lib.kiln_reset_state()
 
     def run(self, *inputs):
         m = self.manifest

@@ -143,6 +143,8 @@ class Manifest:
     files: list[str] = field(default_factory=list)
     sizes: dict = field(default_factory=dict)         # arm-none-eabi-gcc code/data sizes
     compile_seconds: float | None = None
+    state_bytes: int = 0             # stateful graphs: RAM of the states kept between runs (outside the arena)
+    states: list[Tensor] = field(default_factory=list)   # name: the state; offset: its next value in the arena
     # ---- CUDA packages
     arch: str | None = None
     dtype: str | None = None
@@ -185,7 +187,7 @@ class Manifest:
 
 C_KEYS = ("format", "version", "model", "target", "dsp", "optimize", "arena_bytes", "arena_peak", "planner",
           "planner_tried", "weight_bytes", "inputs", "outputs", "input_bytes", "output_bytes", "commands",
-          "kernels", "macs", "files", "sizes", "compile_seconds")
+          "kernels", "macs", "files", "sizes", "compile_seconds", "state_bytes", "states")
 CUDA_KEYS = ("format", "target", "arch", "dtype", "graph", "signature", "tvm", "sources", "arena_bytes",
              "alignment", "weights_file", "weights_bytes", "user_inputs", "dropout_masks", "inputs", "outputs",
              "updates", "weights", "buffers", "kernels", "steps", "launches", "build_seconds")
@@ -195,7 +197,9 @@ def _c_dict(m: Manifest) -> dict:
     d = {}
     for k in C_KEYS:
         v = getattr(m, k)
-        if k in ("inputs", "outputs"):
+        if k in ("state_bytes", "states") and not m.states:
+            continue                 # written by stateful packages only
+        if k in ("inputs", "outputs", "states"):
             v = [t.to_c() for t in v]
         elif k == "commands":
             v = [dataclasses.asdict(c) for c in v]
@@ -261,7 +265,7 @@ def _parse(cls, d: dict) -> Manifest:
     if not isinstance(d, dict):
         raise TypeError(f"expected a JSON object, found {type(d).__name__}")
     cuda = d.get("target") == "cuda"
-    plain = {f.name for f in dataclasses.fields(cls)} - {"model", "inputs", "outputs", "commands", "updates",
+    plain = {f.name for f in dataclasses.fields(cls)} - {"model", "inputs", "outputs", "commands", "updates", "states",
                                                           "weights", "buffers", "steps", "extra"}
     kw = {k: d[k] for k in plain if k in d}
     ins, outs = [_tensor(t) for t in d["inputs"]], [_tensor(t) for t in d["outputs"]]
@@ -275,6 +279,7 @@ def _parse(cls, d: dict) -> Manifest:
         outputs=outs,
         commands=[Command(**{k: v for k, v in c.items() if k in _COMMAND_KEYS}) for c in d.get("commands", [])],
         updates=[_tensor(t, "buffer") for t in d.get("updates", [])],
+        states=[_tensor(t) for t in d.get("states", [])],
         weights=[_tensor(t) for t in d.get("weights", [])],
         buffers=[ArenaBuffer(**b) for b in d.get("buffers", [])],
         steps=[_step(s) for s in d.get("steps", [])],

@@ -108,8 +108,10 @@ def plan(st: CompileState):
     for t, (kern, _) in enumerate(st.commands):
         steps.append(([store(a.name) for a in kern.args if a.kind == "value"], [store(kern.out)]))
         scratch += [planner.Buffer(f"{t}:{a.name}", a.nbytes, t, t, ALIGN) for a in kern.args if a.kind == "scratch"]
-    outs = {store(o) for o in g.outputs}
-    first, last = planner.lifetimes([store(v) for v in g.inputs], steps, [store(o) for o in g.outputs])
+    # the next value of each state lives to the end: the run copies it into the state's buffer
+    kept = list(g.outputs) + list(g.states.values())
+    outs = {store(o) for o in kept}
+    first, last = planner.lifetimes([store(v) for v in g.inputs], steps, [store(o) for o in kept])
     size = {store(v): g.types[v].nbytes for v in g.inputs}
     size.update({store(kern.out): g.types[kern.out].nbytes for kern, _ in st.commands})
     bufs = [planner.Buffer(s, size[s], first[s], max(last[s], first[s]), ALIGN) for s in first] + scratch
@@ -128,6 +130,8 @@ def check_budget(st: CompileState):
     must fit ``ram_budget``."""
     budget, p = st.ram_budget, st.plan
     parts = {"arena": p.arena_bytes, **(st.ram_reserved or {})}
+    if st.graph.states:
+        parts["state"] = sum(st.graph.types[s].nbytes for s in st.graph.states)
     need = sum(parts.values())
     if budget is not None and need > budget:
         what = f"arena of {need} B"
@@ -143,12 +147,13 @@ def emit_package(st: CompileState):
     plan.txt, memory.png); sets ``manifest`` (written by :func:`run`)."""
     consts, commands = _command_buffer(st)
     inputs, outputs = _io_tensors(st, st.graph.inputs), _io_tensors(st, st.graph.outputs)
+    states = _state_tensors(st)
     target, p = st.target, st.plan
     sched = ("Kiln kernels, " + ("DSP (SXTB16/SMLAD)" if target.dsp else "portable C")) if target.kernels \
         else "TVM default (plain C)"
     weight_bytes = emit.render(st.out_dir, model_name=st.model_name, target=target.name, kernels=st.kernels,
                                commands=commands, consts=consts, plan=p, inputs=inputs, outputs=outputs,
-                               schedule=sched, optimize=target.optimize)
+                               schedule=sched, optimize=target.optimize, states=_state_records(st, states))
     with open(os.path.join(st.out_dir, "plan.txt"), "w") as f:
         f.write(p.table() + "\n\n" + p.drawing() + "\n")
     if st.plot:
@@ -164,6 +169,7 @@ def emit_package(st: CompileState):
         commands=[Command(name=c["name"], ops=c["ops"], nodes=c["nodes"], c_function=c["c_function"], macs=c["macs"],
                           offs=c["offs"]) for c in commands],
         macs=int(sum(c["macs"] for c in commands)),
+        states=states, state_bytes=sum(t.bytes for t in states),
         files=["model.h", "model.c", "kernels.c", "kiln_cmd.h", "kiln_intrinsics.h"])
 
 
@@ -173,6 +179,8 @@ def _command_buffer(st: CompileState):
     consts, cindex = [], {}
 
     def const_ref(kern, a):
+        if a.name in st.graph.states:
+            return state_buffer(a.name)    # the state's own RAM buffer (model.c), not a flash constant
         if a.name not in cindex:
             arr = st.consts.get(a.name)
             arr = kern.extra_consts[a.name] if arr is None else arr
@@ -194,6 +202,39 @@ def _command_buffer(st: CompileState):
         commands.append(dict(name=kern.nodes[-1], ops="+".join(kern.ops), kernel=kid[shared.name], macs=kern.macs,
                              offs=offs, data=data, nodes=kern.nodes, c_function=shared.name))
     return consts, commands
+
+
+def state_buffer(name):
+    """The C name of a state's static buffer in model.c."""
+    return "s_" + emit.c_ident(name)
+
+
+def _state_tensors(st: CompileState):
+    """Manifest records of the graph's states: offset is where the run leaves the next state in
+    the arena (copied into the state's buffer at the end of kiln_model_run)."""
+    g = st.graph
+    out = []
+    for s, v in g.states.items():
+        t = g.types[s]
+        q = t.quant if t.quant is not None and not t.quant.per_channel else None
+        out.append(Tensor(name=s, shape=list(t.shape), dtype=t.dtype, bytes=t.nbytes,
+                          offset=st.plan.offsets[st.store(v)], value=v,
+                          scale=float(q.scale[0]) if q is not None else None,
+                          zero_point=int(q.zero_point[0]) if q is not None else None))
+    return out
+
+
+def _state_records(st: CompileState, states):
+    """emit's state records: C buffer name, dtype, element count, reset value (one fill value
+    or an array), arena offset and bytes of the next value."""
+    recs = []
+    for t in states:
+        reset = np.ascontiguousarray(st.graph.consts[t.name]).astype(t.dtype).ravel()
+        fill = reset[0] if reset.size and np.all(reset == reset[0]) else None
+        recs.append(dict(cname=state_buffer(t.name), dtype=t.dtype, count=max(1, reset.size), bytes=t.bytes,
+                         offset=t.offset, fill=None if fill is None else int(fill) if reset.dtype.kind in "iu"
+                         else float(fill), reset=reset, desc=f"{t.name}: {t.dtype}{list(t.shape)}"))
+    return recs
 
 
 def _io_tensors(st: CompileState, values):
