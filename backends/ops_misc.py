@@ -61,8 +61,11 @@ def softmax_exp_table(mult, left, diff_min):
 
 
 def _softmax_int8(k, node, x, tx, ty):
-    if ty.quant is None or abs(ty.quant.scale[0] - 1 / 256) > 0.001 / 256 or ty.quant.zero_point[0] != -128:
-        k.fail(f"int8 softmax needs output scale 1/256 and zero point -128 (TFLite), got {ty}")
+    bits = 16 if ty.dtype == "int16" else 8      # int8 -> int16: TFLite's Softmax<int8_t, int16_t>
+    if ty.quant is None or abs(ty.quant.scale[0] - 1 / (1 << bits)) > 0.001 / (1 << bits) \
+            or ty.quant.zero_point[0] != -(1 << (bits - 1)):
+        k.fail(f"int8 softmax needs output scale 1/256 and zero point -128 (int16 output: 1/65536 and -32768; "
+               f"TFLite), got {ty}")
     axis = node.attrs["axis"] % len(tx.shape)
     if axis != len(tx.shape) - 1:
         k.fail("int8 softmax runs over the last axis")
@@ -76,11 +79,11 @@ def _softmax_int8(k, node, x, tx, ty):
     # exp in the kernel with no table at all (gemmlowp's polynomial + barrel shifter as
     # per-element stages) is bit-exact but was bigger on Cortex-M4: 1692 B of code against 948 B
     # of code + a 504 B table at the time (and this table is smaller still).
-    tab_lo, tab_e = softmax_exp_table(mult, left, diff_min)
+    tab_lo, tab_e = softmax_exp_table(mult, left, diff_min) if bits == 8 else _exp_table_full(mult, left, diff_min)
     texp = k.const("exp", tab_e)
     D = tx.shape[-1]
     lead = tx.shape[:-1]
-    if k.target.softmax_helper and isinstance(x.op, te.PlaceholderOp):
+    if k.target.softmax_helper and isinstance(x.op, te.PlaceholderOp) and bits == 8:
         # one call of kiln_softmax_s8 (kiln_intrinsics.h): the same arithmetic as the stages
         # below in ~250 B of code instead of ~950 B (CLZ instruction, no inline int64 chains)
         return _softmax_int8_extern(k, x, texp, tab_lo, int(np.prod(lead)) if lead else 1, D, ty)
@@ -119,9 +122,19 @@ def _softmax_int8(k, node, x, tx, ty):
         row = i[:-1]
         ri = row or (0,)
         e = exp(row, i[-1])
-        v = qmath.rdbpot(qmath.srdhm(scale[ri], e), nbits[ri] + c(31 - 8))
-        return qmath.clamp(v + c(-128), -128, 127).astype("int8")
+        v = qmath.rdbpot(qmath.srdhm(scale[ri], e), nbits[ri] + c(31 - bits))
+        lo = -(1 << (bits - 1))
+        return qmath.clamp(v + c(lo), lo, -lo - 1).astype(ty.dtype)
     return te.compute(_shape(ty), body, name="softmax")
+
+
+def _exp_table_full(mult, left, diff_min):
+    """exp of every int8 difference in [-255, 0] (0 below diff_min): the int16-output softmax
+    cannot use softmax_exp_table's trimming (its argument holds for 8 output bits only)."""
+    d = np.arange(-255, 1, dtype=np.int64)
+    e = fp.exp_on_negative_values(fp.multiply_by_quantized_multiplier_greater_than_one(d, mult, left),
+                                  SOFTMAX_SCALED_DIFF_INTEGER_BITS)
+    return -255, np.asarray(np.where(d >= diff_min, e, 0), np.int32)
 
 
 def _softmax_int8_extern(k, x, texp, tab_lo, rows, D, ty):
@@ -224,9 +237,10 @@ def _round_half_away(v):
 def lower_quantize(k, node, xs):
     x = xs[0]
     tx, ty = k.type(node.inputs[0]), k.type(node.name)
-    if ty.quant is None or ty.quant.per_channel or ty.dtype not in ("int8", "int16"):
-        k.fail(f"quantize to {ty}: per-tensor int8 or int16 output expected")
-    qlo, qhi = (-32768, 32767) if ty.dtype == "int16" else (-128, 127)
+    int32_out = ty.dtype == "int32" and tx.dtype == "int16"       # TFLite's int16 -> int32 requantise
+    if ty.quant is None or ty.quant.per_channel or (ty.dtype not in ("int8", "int16") and not int32_out):
+        k.fail(f"quantize to {ty}: per-tensor int8 or int16 output (or int32 from int16) expected")
+    qlo, qhi = {"int32": (-(1 << 31), (1 << 31) - 1), "int16": (-32768, 32767)}.get(ty.dtype, (-128, 127))
     zo, so = int(ty.quant.zero_point[0]), float(np.float32(ty.quant.scale[0]))
     k.inplace(node.inputs[0], inplace.elementwise_shift(tx, ty) or 0)
     if tx.dtype == F32:

@@ -169,8 +169,10 @@ def _tfl_quantize(imp, k, op, ins, out):
     tfl.options(imp, k, op, name, "QuantizeOptions")
     x = imp.operand(ins[0], k, name)
     ot = imp.tensors[out]
-    if ot["dtype"] not in ("int8", "int16"):
-        raise imp.err(f"{w}: output {imp.label(out)} is {ot['dtype']}; Kiln's QUANTIZE produces int8 or int16")
+    int32_out = ot["dtype"] == "int32" and imp.g.types[x].dtype == "int16"   # TFLite's int16 -> int32 requantise
+    if ot["dtype"] not in ("int8", "int16") and not int32_out:
+        raise imp.err(f"{w}: output {imp.label(out)} is {ot['dtype']}; Kiln's QUANTIZE produces int8 or int16 "
+                      f"(or int32 from int16)")
     chk.per_tensor(imp.err, w, ot["quant"], f"output {imp.label(out)}")
     q = ot["quant"]
     if imp.g.types[x].dtype in ("int8", "int16"):

@@ -25,9 +25,10 @@ from ..registry import (
     mark,
     register,
 )
+from ..types import TensorType
 from . import tflite_util as tfl
 from ._util import need_float, norm_axes, reduced_shape, tt
-from .int8util import clamp8, f32, int8_io, need_int8, same_quant
+from .int8util import clamp8, f32, int8_io, need_int8, per_tensor, same_quant
 from .int16util import clamp16, int16_io, is_int16, need_int16, softmax16_rows
 
 _RED = {"axes": Attr("ints", None), "keepdims": Attr("bool", False)}
@@ -134,6 +135,10 @@ def _max_te(T, xs, a, out):
 def _sm_infer(ts, a):
     need_float(ts[0], "softmax")
     norm_axes([a["axis"]], ts[0].ndim, "softmax")
+    if a.get("out_dtype") is not None:
+        if ts[0].dtype != "int8" or ts[0].quant is None:
+            raise ShapeError(f"softmax: out_dtype {a['out_dtype']} is for a quantised int8 input, got {ts[0]}")
+        return TensorType(ts[0].shape, a["out_dtype"])
     return ts[0]
 
 
@@ -161,7 +166,8 @@ def _log_softmax_vjp(n, xs, y, gy):
     return [gy - F.exp(y) * s]
 
 
-register("softmax", attrs={"axis": Attr("int", -1)}, infer=_sm_infer, ref=_softmax_ref, vjp=_softmax_vjp,
+# out_dtype "int16": an int8 input with an int16 output (scale 1/65536, zero point -32768), as TFLite allows
+register("softmax", attrs={"axis": Attr("int", -1), "out_dtype": Attr("str", None, (None, "int16"))}, infer=_sm_infer, ref=_softmax_ref, vjp=_softmax_vjp,
          props={QUANTIZABLE}, arity=1, doc="softmax along axis (max-subtracted)", quant=Quant("fixed", (1.0 / 256, -128)))
 register("log_softmax", attrs={"axis": Attr("int", -1)}, infer=_sm_infer, ref=_log_softmax_ref,
          vjp=_log_softmax_vjp, arity=1, doc="log of softmax along axis (stable)")
@@ -541,9 +547,9 @@ def softmax_params(input_scale, beta=1.0):
     return m, s, diff_min
 
 
-def softmax_int8_rows(x, input_scale, beta=1.0):
+def softmax_int8_rows(x, input_scale, beta=1.0, out_dtype="int8"):
     """reference_ops::Softmax for int8 -> int8 (output scale 1/256, zero point -128) over the
-    last axis of ``x``."""
+    last axis of ``x``; ``out_dtype`` "int16": int8 -> int16 (scale 1/65536, zero point -32768)."""
     mult, left_shift, diff_min = softmax_params(input_scale, beta)
     x = np.asarray(x, np.int64)
     diff = x - x.max(axis=-1, keepdims=True)
@@ -554,15 +560,19 @@ def softmax_int8_rows(x, input_scale, beta=1.0):
     # the C loop adds in int32 (no saturation); a row never comes close to overflowing
     total = fp.wrap_int32(terms.sum(axis=-1, keepdims=True))
     scale, bits_over_unit = fp.get_reciprocal(total, SOFTMAX_ACCUMULATION_INTEGER_BITS)
-    exponent = bits_over_unit + 31 - 8
-    out = fp.rounding_divide_by_pot(fp.saturating_rounding_doubling_high_mul(scale, e), exponent) - 128
-    return np.where(use, np.clip(out, -128, 127), -128).astype(np.int8)
+    bits = 16 if out_dtype == "int16" else 8
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    exponent = bits_over_unit + 31 - bits
+    out = fp.rounding_divide_by_pot(fp.saturating_rounding_doubling_high_mul(scale, e), exponent) + lo
+    return np.where(use, np.clip(out, lo, hi), lo).astype(out_dtype)
 
 
 @defrule("softmax", "int8_ref")
 def softmax_int8(xs, attrs, in_types, out_type):
     if is_int16(in_types[0]):
         return softmax_int16(xs, attrs, in_types, out_type)
+    if out_type.dtype == "int16" and in_types[0].dtype == "int8":
+        return _softmax_int8_to_int16(xs, attrs, in_types, out_type)
     (si, _), (so, zo) = int8_io(in_types, out_type, "softmax")
     if zo != -128 or abs(so - 1.0 / 256) > 0.001 / 256:
         raise ShapeError(f"softmax: TFLite's int8 softmax needs output scale 1/256 and zero point -128, "
@@ -572,6 +582,18 @@ def softmax_int8(xs, attrs, in_types, out_type):
     if ax != x.ndim - 1:
         return np.moveaxis(softmax_int8_rows(np.moveaxis(x, ax, -1), si), -1, ax)
     return softmax_int8_rows(x, si)
+
+
+def _softmax_int8_to_int16(xs, attrs, in_types, out_type):
+    """reference_ops::Softmax<int8_t, int16_t> (TFLite and TFLite Micro): the int8 softmax's
+    arithmetic with 16 output bits."""
+    si, _ = per_tensor(in_types[0], "input", "softmax")
+    so, zo = per_tensor(out_type, "output", "softmax")
+    if zo != -32768 or abs(so - 1.0 / 65536) > 0.001 / 65536:
+        raise ShapeError(f"softmax: TFLite's int8 -> int16 softmax needs output scale 1/65536 and zero point "
+                         f"-32768, got {out_type}")
+    x = np.moveaxis(xs[0], attrs["axis"] % xs[0].ndim, -1)
+    return np.moveaxis(softmax_int8_rows(x, si, out_dtype="int16"), -1, attrs["axis"] % xs[0].ndim)
 
 
 # ---- TFLite import ----------------------------------------------------------
@@ -615,11 +637,18 @@ def _tfl_softmax(imp, k, op, ins, out):
     xt = imp.g.types[x]
     if not xt.shape:
         raise imp.err(f"{tfl.where(k, name)}: the input is a scalar; TFLite's softmax needs rank >= 1")
-    if xt.dtype == "int8":
+    attrs = {"axis": -1}
+    if xt.dtype == "int8" and imp.tensors[out]["dtype"] == "int16":
+        sc, zp = chk.per_tensor(imp.err, tfl.where(k, name), imp.tensors[out]["quant"], "the output")
+        if zp != -32768 or abs(sc - 1.0 / 65536) > 0.001 / 65536:
+            raise imp.err(f"{tfl.where(k, name)}: output scale {sc} zero point {zp} are out of range: TFLite's "
+                          f"int8 -> int16 softmax needs 1/65536 and -32768")
+        attrs["out_dtype"] = "int16"
+    elif xt.dtype == "int8":
         chk.softmax_quant(imp.err, tfl.where(k, name), xt.quant, imp.tensors[out]["quant"])
     elif xt.dtype == "int16":
         softmax16_quant(imp.err, tfl.where(k, name), xt.quant, imp.tensors[out]["quant"])
-    imp.values[out] = imp.emit(k, name, "softmax", [x], {"axis": -1}, out)
+    imp.values[out] = imp.emit(k, name, "softmax", [x], attrs, out)
 
 
 @tfl.importer("PAD")
