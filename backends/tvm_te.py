@@ -39,7 +39,12 @@ def missing_lowerings(graph: Graph):
 
 
 def check_lowerable(graph: Graph, target="a server target"):
-    """Raise NotImplementedError naming the first node (and op) without a TE definition."""
+    """Raise NotImplementedError naming the first node (and op) without a TE definition, or a
+    stateful graph (these targets would run every call from the reset state)."""
+    if graph.states:
+        raise NotImplementedError(
+            f"graph {graph.name!r} is stateful (states {', '.join(graph.states)}: an SVDF's memory, carried from "
+            f"one run to the next); {target} cannot keep state between runs: use the reference or the C backend")
     for k, n in enumerate(graph.nodes):
         if lowering(n.op) is None:
             have = sorted(o for o in OPS if OPS[o].te is not None)

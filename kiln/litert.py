@@ -11,13 +11,31 @@ import os
 import numpy as np
 
 from kiln.frontend.errors import KilnError
+from kiln.frontend.loader import load_model
 
 
 class OracleError(KilnError):
     """LiteRT could not load or run the model."""
 
 
+def _refuse_int8_svdf_state(path):
+    """LiteRT's integer SVDF reads its state as int16: an int8 state (TFLite Micro's 8-bit SVDF)
+    makes it write past the tensor and abort the whole process, so such models are refused."""
+    if not os.fspath(path).endswith(".tflite"):
+        return
+    try:
+        g = load_model(path)
+    except KilnError:
+        return                      # LiteRT may still run what Kiln does not import
+    bad = [n.name for n in g.nodes if n.op == "svdf_state" and g.types[n.inputs[2]].dtype == "int8"]
+    if bad:
+        raise OracleError(f"{path}: SVDF {bad[0]!r} keeps an int8 state, which only TensorFlow Lite Micro runs: "
+                          f"LiteRT's kernel reads it as int16 and corrupts memory; use Kiln's reference "
+                          f"(--oracle reference)")
+
+
 def interpreter(path):
+    _refuse_int8_svdf_state(path)
     try:
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
     except ImportError as e:   # a core dependency; only a broken install gets here
@@ -31,8 +49,11 @@ def interpreter(path):
     return it
 
 
-def run_litert(path, samples) -> list[tuple]:
-    """One tuple of outputs per sample (each a tuple of input arrays, in the model's input order)."""
+def run_litert(path, samples, stream=False) -> list[tuple]:
+    """One tuple of outputs per sample (each a tuple of input arrays, in the model's input order).
+    ``stream``: the samples are successive inputs of a stateful model (Kiln's ``graph.states``:
+    SVDF), run from the reset state with the variable tensors carried from one to the next, as
+    Kiln's runners and boards do; otherwise every sample starts from the zero state."""
     it = interpreter(path)
     ins, outs = it.get_input_details(), it.get_output_details()
     results = []
@@ -42,7 +63,8 @@ def run_litert(path, samples) -> list[tuple]:
         for d, x in zip(ins, xs):
             it.set_tensor(d["index"], np.asarray(x).astype(d["dtype"], copy=False).reshape(d["shape"]))
         try:
-            it.reset_all_variables()     # stateful ops (LSTM): every sample starts from the zero state
+            if not stream or not results:
+                it.reset_all_variables()     # stateful ops (LSTM): every sample starts from the zero state
             it.invoke()
         except Exception as e:
             raise OracleError(f"{path}: LiteRT's reference kernels failed: {str(e).strip()[:500]}") from None

@@ -38,7 +38,7 @@ def golden(model, out, samples, oracle="auto"):
     if oracle == "litert":
         if not is_tflite:
             raise KilnError(f"{model}: --oracle litert needs a .tflite model")
-        outs = run_litert(model, samples)
+        outs = run_litert(model, samples, stream=bool(load_model(model).states))
     else:
         outs = run_reference(load_model(model), samples)
     d = os.path.dirname(os.path.abspath(out))

@@ -202,7 +202,8 @@ def _run_on(board, args, out, lab_map):
     checks = [check("Kiln's reference executor", board_outs, ref_outs)]
     src = _tflite_source(args.model, pkg_dir)
     if src is not None:
-        checks.append(check("LiteRT's reference kernels (BUILTIN_REF)", board_outs, run_litert(src, samples.inputs)))
+        checks.append(check("LiteRT's reference kernels (BUILTIN_REF)", board_outs, run_litert(src, samples.inputs,
+                                                                                       stream=bool(graph.states))))
     man = hil.read_manifest(pkg_dir)
     ins = next((n for n in res.instructions if n), None)
     real = (not board.emulated) and (args.port is not None or (lab_map is not None and board.name in lab_map.boards()))
