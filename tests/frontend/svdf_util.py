@@ -61,3 +61,28 @@ def litert_stream(model, xs, tensors=()):
         res.append([it.get_tensor(it.get_output_details()[0]["index"])] + [it.get_tensor(i) for i in tensors])
     return res
 
+
+
+def two_svdf_graph(seed=0):
+    """int8 x [1, 6] -> SVDF (int16 state, 8 filters, rank 2, memory 5) -> SVDF (int8 state with a zero
+    point, TFLite Micro's 8-bit SVDF, 6 filters, rank 3, memory 3): both state kinds in one model."""
+    rng = np.random.default_rng(seed)
+    g = Graph("two_svdf")
+    g.add_input("x", TensorType((1, 6), "int8", q(0.05, 3)))
+    prev = "x"
+    for k, (F, rank, M, sdt, zs, s_st) in enumerate([(8, 2, 5, "int16", 0, 0.004), (6, 3, 3, "int8", -20, 0.15)]):
+        U = F // rank
+        I = g.types[prev].shape[1]
+        lim = 127 if sdt == "int8" else 20000
+        g.add_const(f"wf{k}", rng.integers(-127, 128, (F, I)).astype(np.int8), q(0.01))
+        g.add_const(f"wt{k}", rng.integers(-lim, lim + 1, (F, M)).astype(sdt), q(0.002 if sdt == "int16" else 0.02))
+        s_wt = 0.002 if sdt == "int16" else 0.02
+        g.add_const(f"b{k}", rng.integers(-2000, 2000, (U,)).astype(np.int32), q(s_st * s_wt))
+        g.add_const(f"st{k}", np.full((1, F * M), zs, sdt), q(s_st, zs))
+        g.add_node("svdf_state", [prev, f"wf{k}", f"st{k}"], name=f"st{k}_next")
+        g.add_node("svdf", [f"st{k}_next", f"wt{k}", f"b{k}"], {"rank": rank, "activation": "relu"}, name=f"y{k}",
+                   out_type=TensorType((1, U), "int8", q(0.03 if k == 0 else 0.05, -128 if k == 0 else 5)))
+        g.states[f"st{k}"] = f"st{k}_next"
+        prev = f"y{k}"
+    g.outputs = [prev]
+    return g.validate()

@@ -1,0 +1,125 @@
+"""SVDF and stateful packages through the C backend: the state in model.c's own buffers carried
+from one kiln_model_run to the next and reset by kiln_reset_state(), bit-exact with the reference
+(int16 and int8 states) over successive invocations, float within 1e-5, TFLite Micro's
+keyword_scrambled models (every operator output and state, int16 model also against LiteRT) on
+the host, and successive inferences on the emulated mps2-an386."""
+import json
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kiln.backends import compile as compile_pkg
+from kiln.frontend.executor import run_stateful
+from kiln.frontend.tflite_import import load_tflite
+from kiln.quantize.tflite_export import export_tflite
+from tests.frontend.svdf_util import KWS, inputs, litert_stream, svdf_graph, two_svdf_graph
+
+STEPS = 5
+
+
+def _host(g, tmp_path):
+    return compile_pkg(g, target="host", out_dir=str(tmp_path), plot=False, measure_size=False)
+
+
+def _check_stream(g, pkg, xs, exact=True):
+    state = {}
+    for k, x in enumerate(xs):
+        want = run_stateful(g, state, x)
+        got = pkg.run(x)
+        for j, (a, b) in enumerate(zip(got, want)):
+            if exact:
+                np.testing.assert_array_equal(a, b, err_msg=f"invocation {k}, output {j} ({g.outputs[j]})")
+            else:
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"invocation {k}")
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.tuples(st.integers(1, 2), st.integers(1, 6), st.integers(1, 3), st.integers(1, 3), st.integers(1, 5)),
+       st.sampled_from([("int16", 0), ("int8", 0), ("int8", -37)]), st.integers(-128, 127), st.integers(0, 10**6))
+def test_int8_host_c_matches_reference_over_invocations(tmp_path_factory, d, state, z_out, seed):
+    B, I, U, rank, M = d
+    sdt, zs = state
+    g = svdf_graph(B, I, U * rank, M, rank, state=sdt, z_state=zs, z_out=z_out, s_state=0.004 if sdt == "int16" else 0.1,
+                   seed=seed)
+    _check_stream(g, _host(g, tmp_path_factory.mktemp("svdf")), inputs(g, STEPS, seed))
+
+
+def test_float_host_c_over_invocations(tmp_path):
+    g = svdf_graph(2, 5, 6, 4, 2, dtype="float32", act="relu")
+    _check_stream(g, _host(g, tmp_path), inputs(g, STEPS, 3), exact=False)
+
+
+def test_package_state_buffer_and_reset(tmp_path):
+    """The state lives in model.c (not the arena), the manifest lists it, kiln_reset_state()
+    (CPackage.reset_state) starts the stream again, and a package without state has a no-op one."""
+    g = two_svdf_graph()
+    pkg = _host(g, tmp_path / "a")
+    man = json.load(open(tmp_path / "a" / "manifest.json"))
+    assert man["state_bytes"] == 8 * 5 * 2 + 6 * 3 and [s["name"] for s in man["states"]] == ["st0", "st1"]
+    src = open(tmp_path / "a" / "model.c").read()
+    assert "static int16_t s_st0[40]" in src and "static int8_t s_st1[18]" in src and "void kiln_reset_state(void)" in src
+    xs = inputs(g, 4, 5)
+    first = [pkg.run(x)[0] for x in xs]
+    assert len({y.tobytes() for y in first}) > 1
+    pkg.reset_state()
+    assert all(np.array_equal(pkg.run(x)[0], y) for x, y in zip(xs, first))
+    g.states.clear()                 # the same nodes without state: every run from the reset value
+    plain = _host(g, tmp_path / "b")
+    assert "state_bytes" not in json.load(open(tmp_path / "b" / "manifest.json"))
+    assert all(np.array_equal(plain.run(xs[0])[0], first[0]) for _ in range(2))
+
+
+@pytest.mark.parametrize("name", ["keyword_scrambled", "keyword_scrambled_8bit"])
+def test_keyword_scrambled_on_host_c(name, tmp_path):
+    """TFLite Micro's keyword_scrambled models compiled whole, with every operator output and every
+    next state as a package output: bit-exact with the reference over 6 successive invocations; the
+    int16-state model's final outputs also equal LiteRT's."""
+    path = os.path.join(KWS, f"{name}.tflite")
+    g = load_tflite(path)
+    full = g.copy()
+    full.outputs = [n.name for n in g.nodes]
+    pkg = _host(full, tmp_path)
+    rng = np.random.default_rng(7)
+    xs = [rng.integers(-32768, 32768, (1, 96)).astype(np.int16) for _ in range(6)]
+    _check_stream(full, pkg, xs)
+    if name == "keyword_scrambled":
+        pkg.reset_state()
+        lite = litert_stream(path, xs)
+        for k, (x, (y,)) in enumerate(zip(xs, lite)):
+            np.testing.assert_array_equal(pkg.run(x)[-1], y, err_msg=f"invocation {k}")
+
+
+def test_host_llvm_refuses_stateful_graphs():
+    from kiln.backends import tvm_te
+    with pytest.raises(NotImplementedError, match="stateful"):
+        tvm_te.check_lowerable(svdf_graph(1, 2, 2, 2, 1, dtype="float32"), "host-llvm")
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+@pytest.mark.parametrize("which", ["two_svdf", "keyword_scrambled"])
+def test_svdf_stream_on_board(which, tmp_path):
+    """Successive inferences on the emulated mps2-an386 carry the state as the reference and LiteRT
+    do: `kiln golden` writes a stream (state carried from pair to pair), `kiln verify` runs it on a
+    freshly booted board, every output equal."""
+    from kiln.commands.golden import golden
+    from kiln.commands.verify import verify
+    from tests.firmware.helpers import need_qemu, need_toolchain
+    need_toolchain()
+    need_qemu()
+    if which == "two_svdf":
+        path = str(tmp_path / "two_svdf.tflite")
+        export_tflite(two_svdf_graph(), path)
+        g = load_tflite(path)
+        samples, oracle = [(x,) for x in inputs(g, 6, 9)], "reference"
+    else:
+        path = os.path.join(KWS, "keyword_scrambled.tflite")
+        rng = np.random.default_rng(4)
+        samples, oracle = [(rng.integers(-32768, 32768, (1, 96)).astype(np.int16),) for _ in range(6)], "litert"
+    gold = str(tmp_path / "g.npz")
+    golden(path, gold, samples, oracle=oracle)
+    rep = verify(path, gold, "mps2-an386", options={"out": str(tmp_path / "board")})
+    assert rep["ok"] and rep["matched"] == 6, rep["results"]
