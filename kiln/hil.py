@@ -16,6 +16,7 @@ from kiln import boards, firmware
 from kiln.backends import HostModel, get_backend, is_package, load_manifest
 from kiln.backends.manifest import FILE, Manifest
 from kiln.boards.device import IOSpec
+from kiln.boards.errors import DeviceError
 from kiln.boards.fake import FakeBoard
 from kiln.boards.target import open_device
 from kiln.boards.timing import CLASSES, estimate
@@ -190,8 +191,14 @@ def run_on_board(image, pkg_dir, inputs, *, port=None, lab_map=None, progress=No
     t0 = time.time()
     src, hz = "none", 0
     with open_device(image, port=port, lab_map=lab_map, qemu_kw=_qemu_kw(image), **kw) as dev:
+        lost = (dev.stats.reboots_seen, dev.stats.restarts)
         for k, parts in enumerate(samples):
             got, res = dev.infer(parts)
+            if man.states and (dev.stats.reboots_seen, dev.stats.restarts) != lost:
+                # a redone inference would run from the reset state: never a wrong answer
+                raise DeviceError(f"{dev.url}: the board reset during sample {k} of a stateful model's stream "
+                                  f"(states {', '.join(s.name for s in man.states)}): the state the earlier "
+                                  f"samples left is lost; run the stream again")
             outs.append(unpack_outputs(man, got))
             insns.append(res.instructions)
             ticks.append(res.ticks)

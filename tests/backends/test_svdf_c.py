@@ -123,3 +123,22 @@ def test_svdf_stream_on_board(which, tmp_path):
     golden(path, gold, samples, oracle=oracle)
     rep = verify(path, gold, "mps2-an386", options={"out": str(tmp_path / "board")})
     assert rep["ok"] and rep["matched"] == 6, rep["results"]
+
+
+def test_a_reset_mid_stream_is_an_error_not_a_wrong_answer(tmp_path):
+    """A board that reboots during a stateful model's stream lost the state the earlier samples
+    left: run_on_board says so instead of redoing the inference from the reset state."""
+    from kiln import hil
+    from kiln.boards.errors import DeviceError
+    from tests.firmware.helpers import need_toolchain
+    need_toolchain()
+    g = two_svdf_graph()
+    pkg = str(tmp_path / "pkg")
+    compile_pkg(g, target="cortex-m4", out_dir=pkg, plot=False, measure_size=False)
+    from kiln.frontend import save
+    save(g, os.path.join(pkg, "graph"))
+    image, _ = hil.build_for_board(pkg, "mps2-an386", str(tmp_path / "fw"))
+    xs = inputs(g, 3, 1)
+    with hil.fake_board(pkg, mode="reset-before-output") as fb:
+        with pytest.raises(DeviceError, match="reset during sample 0 of a stateful model's stream"):
+            hil.run_on_board(image, pkg, xs, port=fb.url)
