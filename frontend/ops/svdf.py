@@ -9,7 +9,7 @@ bias. Kiln splits it where the state is written:
 - ``svdf_state(x, wf, state)`` -> the new state [B, F * M] (shift, then the new column);
 - ``svdf(new_state, wt, bias; rank, activation)`` -> the output [B, F / rank].
 
-The graph records ``graph.states[state] = new_state`` (docs/ir.md, "Stateful graphs"): the state
+The graph records ``graph.states[state] = new_state`` (docs/sequence_models.md, "Stateful graphs"): the state
 is a constant holding the reset value (zeros; the zero point for int8 states, as TFLite Micro's
 ResetVariableTensors) and every run starts from what the previous run left.
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import fixedpoint as fp
+from .. import functional as Fn
 from ..errors import ShapeError
 from ..registry import QUANTIZABLE, defrule, register
 from ..registry import Attr as A
@@ -53,17 +54,18 @@ def _dims(x, wf, state, op):
 def _infer_state(ts, a):
     x, wf, st = ts
     _dims(x, wf, st, "svdf_state")
-    if x.quant is None and x.dtype != "float32":
-        raise ShapeError(f"svdf_state: input {x} must be float32 or quantised int8")
+    if x.quant is None and not x.is_float:
+        raise ShapeError(f"svdf_state: input {x} must be float or quantised int8")
     return TensorType(st.shape, st.dtype, st.quant)
 
 
 def _ref_state(xs, a):
-    x, wf, st = (np.asarray(v, np.float32) for v in xs)
+    dt = np.float64 if xs[0].dtype == np.float64 else np.float32
+    x, wf, st = (np.asarray(v, dt) for v in xs)
     B, _, F, M = _dims(x, wf, st, "svdf_state")
     s = st.reshape(B, F, M)
     new = np.concatenate([s[:, :, 1:], (x @ wf.T)[:, :, None]], axis=2)
-    return new.reshape(B, F * M).astype(np.float32)
+    return new.reshape(B, F * M).astype(dt)
 
 
 def _infer_out(ts, a):
@@ -78,26 +80,54 @@ def _infer_out(ts, a):
         raise ShapeError(f"svdf: state {st} must be [batch, {F} * {M}] for time weights {wt}")
     if b.shape[0] != F // rank:
         raise ShapeError(f"svdf: bias {b} must have {F // rank} elements (filters / rank)")
-    dtype = "int8" if st.quant is not None else "float32"
+    dtype = "int8" if st.quant is not None else st.dtype
     return TensorType((st.shape[0], F // rank), dtype)
 
 
 def _ref_out(xs, a):
-    st, wt, b = (np.asarray(v, np.float32) for v in xs)
+    dt = np.float64 if xs[0].dtype == np.float64 else np.float32
+    st, wt, b = (np.asarray(v, dt) for v in xs)
     F, M = wt.shape
     B = st.shape[0]
-    scratch = np.sum(st.reshape(B, F, M) * wt[None], axis=2, dtype=np.float32)
-    y = b[None] + np.sum(scratch.reshape(B, F // a["rank"], a["rank"]), axis=2, dtype=np.float32)
+    scratch = np.sum(st.reshape(B, F, M) * wt[None], axis=2, dtype=dt)
+    y = b[None] + np.sum(scratch.reshape(B, F // a["rank"], a["rank"]), axis=2, dtype=dt)
     if a["activation"] == "relu":
-        y = np.maximum(y, np.float32(0))
-    return y.astype(np.float32)
+        y = np.maximum(y, dt(0))
+    return y.astype(dt)
 
 
-register("svdf_state", attrs={}, infer=_infer_state, ref=_ref_state, props={QUANTIZABLE}, arity=3,
+def _vjp_state(n, xs, y, gy):
+    """new[b, f, :M-1] = state[b, f, 1:]; new[b, f, M-1] = (x @ wf.T)[b, f]."""
+    x, wf, st = xs
+    B, F, M = x.shape[0], wf.shape[0], st.shape[1] // wf.shape[0]
+    g3 = Fn.reshape(gy, (B, F, M))
+    gcol = Fn.reshape(Fn.slice(g3, [0, 0, M - 1], [B, F, M]), (B, F))
+    dx = Fn.matmul(gcol, wf)
+    dwf = Fn.matmul(Fn.transpose(gcol, (1, 0)), x)
+    if M > 1:
+        dst = Fn.pad(Fn.slice(g3, [0, 0, 0], [B, F, M - 1]), [(0, 0), (0, 0), (1, 0)])
+    else:
+        dst = g3 * 0.0
+    return [dx, dwf, Fn.reshape(dst, (B, F * M))]
+
+
+def _vjp_out(n, xs, y, gy):
+    st, wt, b = xs
+    F, M = wt.shape
+    B, U = gy.shape
+    rank = F // U
+    gz = Fn.where(y > 0.0, gy, 0.0) if n.attrs["activation"] == "relu" else gy
+    gsc = Fn.reshape(Fn.broadcast_to(Fn.reshape(gz, (B, U, 1)), (B, U, rank)), (B, F, 1))
+    dst = Fn.reshape(gsc * Fn.reshape(wt, (1, F, M)), (B, F * M))
+    dwt = Fn.sum(gsc * Fn.reshape(st, (B, F, M)), axis=0)
+    return [dst, dwt, Fn.sum(gz, axis=0)]
+
+
+register("svdf_state", attrs={}, infer=_infer_state, ref=_ref_state, vjp=_vjp_state, props={QUANTIZABLE}, arity=3,
          doc="SVDF's state update: shift each filter's memory left, newest column = feature weights @ x "
              "(TFLite SVDF, first half; the new state persists: graph.states)")
 register("svdf", attrs={"rank": A("int", 1), "activation": A("str", "none", ("none", "relu"))},
-         infer=_infer_out, ref=_ref_out, props={QUANTIZABLE}, arity=3,
+         infer=_infer_out, ref=_ref_out, vjp=_vjp_out, props={QUANTIZABLE}, arity=3,
          doc="SVDF's output: time weights . state summed over memory, rank filters per unit, + bias "
              "(TFLite SVDF, second half)")
 

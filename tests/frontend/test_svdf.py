@@ -196,3 +196,17 @@ def test_builder_model_without_bias_imports():
 def test_import_errors(kw, match):
     with pytest.raises(KilnError, match=match):
         load_tflite(_svdf_model(**kw))
+
+
+@pytest.mark.parametrize("act, M", [("relu", 3), ("none", 1)])
+def test_check_grads(act, M):
+    """One step's gradients (input, both weights, bias and the incoming state) against float64
+    finite differences."""
+    from kiln.autodiff import check_grads
+    g = svdf_graph(2, 3, 4, M, 2, dtype="float32", act=act)
+    for c in ("wf", "wt", "b", "st"):
+        g.params[c] = g.consts.pop(c)
+    g.params["st"] = np.random.default_rng(3).normal(size=g.types["st"].shape).astype(np.float32)
+    g.states.clear()
+    r = check_grads(g, [np.random.default_rng(4).normal(size=(2, 3))])
+    assert r.ok, r
