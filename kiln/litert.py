@@ -18,6 +18,10 @@ class OracleError(KilnError):
     """LiteRT could not load or run the model."""
 
 
+class OracleUnsupported(OracleError):
+    """A model LiteRT is known to run wrongly (it is not asked): TFLite Micro-only features."""
+
+
 def _refuse_int8_svdf_state(path):
     """LiteRT's integer SVDF reads its state as int16: an int8 state (TFLite Micro's 8-bit SVDF)
     makes it write past the tensor and abort the whole process, so such models are refused."""
@@ -29,7 +33,7 @@ def _refuse_int8_svdf_state(path):
         return                      # LiteRT may still run what Kiln does not import
     bad = [n.name for n in g.nodes if n.op == "svdf_state" and g.types[n.inputs[2]].dtype == "int8"]
     if bad:
-        raise OracleError(f"{path}: SVDF {bad[0]!r} keeps an int8 state, which only TensorFlow Lite Micro runs: "
+        raise OracleUnsupported(f"{path}: SVDF {bad[0]!r} keeps an int8 state, which only TensorFlow Lite Micro runs: "
                           f"LiteRT's kernel reads it as int16 and corrupts memory; use Kiln's reference "
                           f"(--oracle reference)")
 

@@ -24,7 +24,7 @@ from kiln.boards.labmap import load_lab_map
 from kiln.commands import BuildFolder, add_optimize_argument
 from kiln.frontend import load_model
 from kiln.frontend.errors import KilnError
-from kiln.litert import run_litert
+from kiln.litert import OracleUnsupported, run_litert
 from kiln.report import plot_roofline
 from kiln.samples import Samples, load_samples, random_inputs
 from kiln.targets import BACKEND_TARGETS, get_target, run_reference, run_target
@@ -201,9 +201,14 @@ def _run_on(board, args, out, lab_map):
     ref_outs = run_reference(graph, samples.inputs)
     checks = [check("Kiln's reference executor", board_outs, ref_outs)]
     src = _tflite_source(args.model, pkg_dir)
+    litert_skipped = None
     if src is not None:
-        checks.append(check("LiteRT's reference kernels (BUILTIN_REF)", board_outs, run_litert(src, samples.inputs,
-                                                                                       stream=bool(graph.states))))
+        try:
+            lite = run_litert(src, samples.inputs, stream=bool(graph.states))
+        except OracleUnsupported as e:     # TFLite Micro-only models: checked against the reference only
+            litert_skipped = str(e)
+        else:
+            checks.append(check("LiteRT's reference kernels (BUILTIN_REF)", board_outs, lite))
     man = hil.read_manifest(pkg_dir)
     ins = next((n for n in res.instructions if n), None)
     real = (not board.emulated) and (args.port is not None or (lab_map is not None and board.name in lab_map.boards()))
@@ -217,6 +222,8 @@ def _run_on(board, args, out, lab_map):
            "timing": _timing(res, board, real), "estimate": _estimate(res, board),
            "per_layer": roofline(res.profile, board.core_info),
            "memory": _memory(res), "link_stats": res.stats}
+    if litert_skipped:
+        rep["litert_skipped"] = litert_skipped
     if samples.targets is not None:
         rep["data_metrics"] = _data_report(graph, pkg_dir, samples, board_outs, ref_outs, args)
     return rep
@@ -277,6 +284,8 @@ def _table(rep):
     m = rep["memory"]
     where = f"{rep['board']}" + (" (QEMU)" if rep["emulated"] else "")
     lines = [f"{rep['samples']} samples ({rep['sample_source']}) on {where}:"]
+    if rep.get("litert_skipped"):
+        lines.append(f"  (not checked against LiteRT: {rep['litert_skipped']})")
     for c in rep["checks"]:
         verdict = "match" if c["match"] else f"MISMATCH on samples {c['mismatched_samples']}"
         lines.append(f"  vs {c['against']}: {verdict} ({c['rule']}; worst |diff| {c['worst_abs_diff']:.3g})")

@@ -142,3 +142,19 @@ def test_a_reset_mid_stream_is_an_error_not_a_wrong_answer(tmp_path):
     with hil.fake_board(pkg, mode="reset-before-output") as fb:
         with pytest.raises(DeviceError, match="reset during sample 0 of a stateful model's stream"):
             hil.run_on_board(image, pkg, xs, port=fb.url)
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_kiln_run_8bit_keyword_model_on_board(tmp_path, capsys):
+    """`kiln run` streams the int8-state model on mps2-an386, bit-exact with the reference, and
+    says why LiteRT is not asked (it cannot run int8 SVDF states)."""
+    from kiln.cli import main
+    from tests.firmware.helpers import need_qemu, need_toolchain
+    need_toolchain()
+    need_qemu()
+    rc = main(["run", os.path.join(KWS, "keyword_scrambled_8bit.tflite"), "--board", "mps2-an386", "--inputs", "4",
+               "-o", str(tmp_path), "--json"])
+    rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and rep["bit_exact"] and rep["samples"] == 4, rep
+    assert rep["compared_against"] == ["Kiln's reference executor"] and "int8 state" in rep["litert_skipped"]
