@@ -112,6 +112,10 @@ def render(out_dir, *, model_name, target, kernels, commands, consts, plan, inpu
                       fill=None if s["fill"] is None else _cfloat(s["fill"]) if s["dtype"].startswith("float")
                       else str(s["fill"])) for s in states]
     state_bytes = int(sum(s["bytes"] for s in states))
+    copies = {}                      # command index -> the states saved right after it
+    for s in state_ctx:
+        if s["after"] is not None:
+            copies.setdefault(s["after"], []).append(s)
     files = {
         "model.h": _ENV.get_template("model.h.j2").render(
             **ctx, inputs=inputs, outputs=outputs, arena_bytes=plan.arena_bytes, strategy=plan.strategy,
@@ -123,6 +127,7 @@ def render(out_dir, *, model_name, target, kernels, commands, consts, plan, inpu
         "model.c": _ENV.get_template("model.c.j2").render(**ctx, consts=const_ctx, commands=cmd_ctx,
                                                           weight_bytes=weight_bytes, inputs=inputs, outputs=outputs,
                                                           states=state_ctx, state_bytes=state_bytes,
+                                                          state_copies=sorted(copies.items()),
                                                           input_info=[_tensor_info(t) for t in inputs],
                                                           output_info=[_tensor_info(t) for t in outputs]),
         "kernels.c": _ENV.get_template("kernels.c.j2").render(**ctx, kernels=kern_ctx, schedule=schedule),

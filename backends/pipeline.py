@@ -53,6 +53,7 @@ class CompileState:
     kernels: list = dataclasses.field(default_factory=list)   # lower: distinct kernels
     commands: list = dataclasses.field(default_factory=list)  # lower: [(kernel, shared kernel)] per command
     plan: planner.MemoryPlan | None = None                    # plan
+    state_copy: dict = dataclasses.field(default_factory=dict)  # plan: state -> command after which it is saved
     manifest: Manifest | None = None                          # emit_package
 
     def store(self, value):
@@ -108,8 +109,10 @@ def plan(st: CompileState):
     for t, (kern, _) in enumerate(st.commands):
         steps.append(([store(a.name) for a in kern.args if a.kind == "value"], [store(kern.out)]))
         scratch += [planner.Buffer(f"{t}:{a.name}", a.nbytes, t, t, ALIGN) for a in kern.args if a.kind == "scratch"]
-    # the next value of each state lives to the end: the run copies it into the state's buffer
-    kept = list(g.outputs) + list(g.states.values())
+    # a state's next value is copied into the state's buffer right after the command producing
+    # it (its arena bytes are then free after its last reader), or at the end of the run
+    st.state_copy = _state_copies(st)
+    kept = list(g.outputs) + [v for s, v in g.states.items() if st.state_copy[s] is None]
     outs = {store(o) for o in kept}
     first, last = planner.lifetimes([store(v) for v in g.inputs], steps, [store(o) for o in kept])
     size = {store(v): g.types[v].nbytes for v in g.inputs}
@@ -123,6 +126,19 @@ def plan(st: CompileState):
             if si in first and si != so and last[si] == t and first[so] == t and si not in outs and shift is not None:
                 aliases.append(planner.Alias(so, si, shift))
     st.plan = planner.plan(bufs, aliases)
+
+
+def _state_copies(st: CompileState):
+    """state -> the command after which the run saves its next value: the command producing it,
+    when no later command reads the state's current value; else None (the end of the run)."""
+    producer = {st.store(kern.out): t for t, (kern, _) in enumerate(st.commands)}
+    out = {}
+    for s, v in st.graph.states.items():
+        t = producer.get(st.store(v))
+        readers = [u for u, (kern, _) in enumerate(st.commands) if any(a.kind == "const" and a.name == s
+                                                                        for a in kern.args)]
+        out[s] = t if t is not None and all(u <= t for u in readers) else None
+    return out
 
 
 def check_budget(st: CompileState):
@@ -211,7 +227,7 @@ def state_buffer(name):
 
 def _state_tensors(st: CompileState):
     """Manifest records of the graph's states: offset is where the run leaves the next state in
-    the arena (copied into the state's buffer at the end of kiln_model_run)."""
+    the arena (copied into the state's buffer after the command producing it, or at the end)."""
     g = st.graph
     out = []
     for s, v in g.states.items():
@@ -226,13 +242,14 @@ def _state_tensors(st: CompileState):
 
 def _state_records(st: CompileState, states):
     """emit's state records: C buffer name, dtype, element count, reset value (one fill value
-    or an array), arena offset and bytes of the next value."""
+    or an array), arena offset and bytes of the next value, the command after which it is saved
+    (``after``; None: at the end of the run)."""
     recs = []
     for t in states:
         reset = np.ascontiguousarray(st.graph.consts[t.name]).astype(t.dtype).ravel()
         fill = reset[0] if reset.size and np.all(reset == reset[0]) else None
         recs.append(dict(cname=state_buffer(t.name), dtype=t.dtype, count=max(1, reset.size), bytes=t.bytes,
-                         offset=t.offset, fill=None if fill is None else int(fill) if reset.dtype.kind in "iu"
+                         offset=t.offset, after=st.state_copy.get(t.name), fill=None if fill is None else int(fill) if reset.dtype.kind in "iu"
                          else float(fill), reset=reset, desc=f"{t.name}: {t.dtype}{list(t.shape)}"))
     return recs
 

@@ -158,3 +158,20 @@ def test_kiln_run_8bit_keyword_model_on_board(tmp_path, capsys):
     rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and rep["bit_exact"] and rep["samples"] == 4, rep
     assert rep["compared_against"] == ["Kiln's reference executor"] and "int8 state" in rep["litert_skipped"]
+
+
+def test_state_saved_early_unless_read_later(tmp_path):
+    """A state's next value is saved right after the command computing it (its arena bytes free
+    again), unless a later command still reads the current state: then at the end of the run."""
+    g = svdf_graph(2, 3, 4, 3, 2, dtype="float32")
+    early = _host(g, tmp_path / "early")
+    src = open(tmp_path / "early" / "model.c").read()
+    assert "kiln_state_save(arena, i);" in src
+    late = g.copy()
+    late.add_node("relu", ["st"], name="old")          # reads the state after svdf_state ran
+    late.outputs = ["y", "old"]
+    pkg = _host(late, tmp_path / "late")
+    assert "kiln_state_save" not in open(tmp_path / "late" / "model.c").read()
+    _check_stream(late, pkg, inputs(late, STEPS, 4), exact=False)
+    _check_stream(g, early, inputs(g, STEPS, 4), exact=False)
+    assert early.manifest.arena_bytes < pkg.manifest.arena_bytes
