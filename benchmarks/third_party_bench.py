@@ -26,8 +26,10 @@ import traceback
 
 import numpy as np
 
-from kiln.frontend import KilnError, run
+from kiln.frontend import KilnError
+from kiln.frontend.executor import run_stateful
 from kiln.frontend.tflite_import import load_tflite
+from kiln.litert import refuse_unsupported
 
 SECTION = "## Third-party models"
 
@@ -39,8 +41,9 @@ def litert(path):
     return it
 
 
-def litert_run(it, feeds):
-    it.reset_all_variables()
+def litert_run(it, feeds, reset=True):
+    if reset:              # a stateful model's samples are one stream: only the first one resets
+        it.reset_all_variables()
     for d, x in zip(it.get_input_details(), feeds):
         it.set_tensor(d["index"], x)
     it.invoke()
@@ -131,6 +134,7 @@ def check_board(path, samples, board, tol):
 def check_model(path, args) -> dict:
     row = {"model": os.path.relpath(path, args.common), "import": None, "reference": None, "host": None, "board": None}
     try:
+        refuse_unsupported(path)       # models LiteRT would run wrongly or crash on (int8 SVDF states)
         it = litert(path)
     except Exception as e:  # noqa: BLE001  (LiteRT's own refusal: the row is not counted)
         row["skip"] = f"LiteRT cannot load it: {str(e).splitlines()[0][:120]}"
@@ -142,11 +146,12 @@ def check_model(path, args) -> dict:
         return row
     row["import"], row["ops"] = True, _ops(g)
     samples = model_inputs(path, it, args.inputs)
-    wants = [litert_run(it, f) for f, _ in samples]
+    wants = [litert_run(it, f, reset=not g.states or k == 0) for k, (f, _) in enumerate(samples)]
     for (_, gold), w in zip(samples, wants):     # the model's own golden files agree with LiteRT
         if gold is not None and not same(w[0], gold[0], 0)[0]:
             row["note"] = "LiteRT differs from the model's golden csv"
-    steps = [("reference", lambda: compare([run(g, *f) for f, _ in samples], wants, args.float_tol)),
+    state = {}                         # stateful models (SVDF): the samples are one stream
+    steps = [("reference", lambda: compare([run_stateful(g, state, *f) for f, _ in samples], wants, args.float_tol)),
              ("host", lambda: check_host(g, samples, wants, args.float_tol))]
     if args.board:
         steps.append(("board", lambda: check_board(path, samples, args.board, args.float_tol)))

@@ -22,7 +22,7 @@ class OracleUnsupported(OracleError):
     """A model LiteRT is known to run wrongly (it is not asked): TFLite Micro-only features."""
 
 
-def _refuse_int8_svdf_state(path):
+def refuse_unsupported(path):
     """LiteRT's integer SVDF reads its state as int16: an int8 state (TFLite Micro's 8-bit SVDF)
     makes it write past the tensor and abort the whole process, so such models are refused."""
     if not os.fspath(path).endswith(".tflite"):
@@ -39,7 +39,7 @@ def _refuse_int8_svdf_state(path):
 
 
 def interpreter(path):
-    _refuse_int8_svdf_state(path)
+    refuse_unsupported(path)
     try:
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
     except ImportError as e:   # a core dependency; only a broken install gets here
