@@ -221,6 +221,7 @@ class Lease:
             if self.spec.wait <= 0:
                 raise self._busy()
             name = self._wait_reservation()
+        self._start_guard(name)     # before acquiring: a crash right after it is covered too
         try:
             self._rpc(self.session.stub.AcquirePlace, pb2.AcquirePlaceRequest(placename=name), f"acquire {name}")
         except FarmError as e:
@@ -322,8 +323,8 @@ class Lease:
         return "kiln" if not (image.board.emulated or image.board.emulates) else "none (emulated)"
 
     # ---- crash safety --------------------------------------------------------------------
-    def _start_guard(self) -> None:
-        cmd = [sys.executable, "-m", "kiln.boards.farm", "guard", self.address, self.place_name, self.user]
+    def _start_guard(self, place: str) -> None:
+        cmd = [sys.executable, "-m", "kiln.boards.farm", "guard", self.address, place, self.user]
         self._guard = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                        stderr=subprocess.DEVNULL, start_new_session=True)
 
@@ -347,7 +348,6 @@ class Lease:
             self._old_term = signal.signal(signal.SIGTERM, self._on_term)
         try:
             self._acquire()
-            self._start_guard()
         except BaseException:
             self.close()
             raise

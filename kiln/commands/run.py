@@ -167,6 +167,9 @@ def _data_report(graph, pkg_dir, samples, board_outs, ref_outs, args):
 def run(args):
     with farm_lease(args) as lease:
         if lease is not None:       # a labgrid place: its board, over its serial port
+            if args.board not in (None, lease.board) or args.port:
+                raise KilnError(f"--labgrid: the place holds a {lease.board}: give no --board (or that "
+                                f"one) and no --port")
             args.board, args.port = lease.board, lease.url
         rep = _run(args, lease)
         if lease is not None:

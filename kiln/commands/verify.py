@@ -8,6 +8,7 @@ import numpy as np
 
 from kiln.commands import BuildFolder
 from kiln.commands.labgrid_options import add_farm_arguments, farm_lease
+from kiln.errors import UsageError
 from kiln.samples import golden_pairs, read_npz
 from kiln.targets import get_target, run_target
 
@@ -102,6 +103,8 @@ def run(args):
     with farm_lease(args) as lease:
         options = {"out": args.out} if args.out else {}
         if lease is not None:       # a labgrid place: its board, over its serial port
+            if args.target not in ("reference", lease.board):
+                raise UsageError(f"--labgrid: the place holds a {lease.board}: give no --target (or that one)")
             args.target = lease.board
             options.update(port=lease.url, lease=lease)
         rep = verify(args.model, args.golden, args.target, args.atol, args.max_report,
