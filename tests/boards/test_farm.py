@@ -209,16 +209,22 @@ def test_place_by_tag(farm):
         assert _acquired_by(address, lease.place_name) == lease.user
 
 
-def test_a_killed_client_leaves_no_place_locked(farm, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["ctrl-c", "term", "kill"])
+def test_an_interrupted_or_killed_client_leaves_no_place_locked(farm, sig):
+    """Ctrl-C and SIGTERM end the lease's `with` block (released at once); SIGKILL leaves it to
+    the guard process."""
     address, place = farm
-    script = ("import os, signal, sys\n"
+    script = ("import os, signal, sys, time\n"
               "from kiln.boards.farm import FarmSpec, Lease\n"
-              f"lease = Lease(FarmSpec(place={place!r}, coordinator={address!r}, wait=30)).__enter__()\n"
-              "print('acquired', flush=True)\n"
-              "os.kill(os.getpid(), signal.SIGKILL)\n")
+              f"with Lease(FarmSpec(place={place!r}, coordinator={address!r}, wait=30)):\n"
+              "    print('acquired', flush=True)\n"
+              f"    os.kill(os.getpid(), {int(sig)})\n"
+              "    time.sleep(60)\n"
+              "print('not reached', flush=True)\n")
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert p.returncode == -signal.SIGKILL and "acquired" in p.stdout, p.stderr
-    _wait_for(lambda: _acquired_by(address, place) is None, 30, "the guard to release the place")
+    assert "acquired" in p.stdout and "not reached" not in p.stdout, p.stdout + p.stderr
+    assert p.returncode != 0
+    _wait_for(lambda: _acquired_by(address, place) is None, 30, "the place to be released")
 
 
 def test_unreachable_coordinator_is_a_clear_error(shared_models, golden, capsys):

@@ -15,7 +15,7 @@ from tests.boards.test_farm_parallel import _dense_model
 from tests.firmware import helpers
 
 
-@pytest.mark.kiln_cores("cortex-m0", "cortex-m3", "cortex-m4", "cortex-m7", "cortex-m33", "cortex-m55")
+@pytest.mark.kiln_memory(ram=128 * 1024)
 def test_shared_model_is_bit_exact_on_the_board(kiln_board, shared_models):
     """The kws model's golden pairs (LiteRT's reference kernels) on each board given."""
     helpers.need_qemu()
