@@ -218,6 +218,8 @@ def run(args):
         if lease is not None:       # the labgrid place's board runs every model, one at a time
             runs = [(m, lease.board, opt) for m in models for opt in sorted({o for _, _, o in runs})]
             args.boards = lease.board
+        farm = None if lease is None else {"place": lease.place_name, "board": lease.board,
+                                           "coordinator": lease.address, "url": lease.url}
         rows = _bench_all(runs, build.path, 1 if lease is not None else args.jobs, quiet=args.json, lease=lease)
     cmd = "kiln bench" + (f" --models {','.join(os.path.basename(m) for m in models)}" if args.models
                           else " --shared DIR")
@@ -231,4 +233,4 @@ def run(args):
     if build.temp and build.kept:
         text += f"\nbuild folder kept: {build.kept}"
     return {"ok": all(r["bit_exact"] for r in rows), "rows": rows, "markdown": md_path,
-            "build": build.kept, "text": text}
+            "build": build.kept, "text": text, **({"labgrid": farm} if farm else {})}

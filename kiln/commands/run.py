@@ -173,7 +173,8 @@ def run(args):
             args.board, args.port = lease.board, lease.url
         rep = _run(args, lease)
         if lease is not None:
-            rep["labgrid"] = {"place": lease.place_name, "coordinator": lease.address, "url": args.port}
+            rep["labgrid"] = {"place": lease.place_name, "board": lease.board, "coordinator": lease.address,
+                              "url": args.port}
         return rep
 
 

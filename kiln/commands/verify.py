@@ -110,7 +110,8 @@ def run(args):
         rep = verify(args.model, args.golden, args.target, args.atol, args.max_report,
                      options=options or None, keep=args.keep)
         if lease is not None:
-            rep["labgrid"] = {"place": lease.place_name, "coordinator": lease.address, "url": options["port"]}
+            rep["labgrid"] = {"place": lease.place_name, "board": lease.board, "coordinator": lease.address,
+                              "url": options["port"]}
     lines = [f"verify {rep['model']} on {rep['target']}: {rep['matched']}/{rep['pairs']} golden pairs match"]
     for r in rep["results"]:
         if not r["match"]:

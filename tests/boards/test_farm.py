@@ -8,6 +8,7 @@ leaves no place locked.
 Against a real farm: LG_COORDINATOR=host:port KILN_FARM_PLACE=PLACE (a place tagged
 board=<a Kiln board>) runs the same tests on it without starting anything locally.
 """
+import json
 import os
 import re
 import shutil
@@ -167,6 +168,21 @@ def test_verify_through_the_farm_reports_a_wrong_golden(farm, shared_models, gol
     assert rc == 1, out
     assert "FAILED" in out
     assert _acquired_by(*farm) is None
+
+
+def test_run_and_bench_through_the_farm(farm, shared_models, capsys):
+    address, place = farm
+    model = os.path.join(shared_models, f"{MODEL}.tflite")
+    common = ["--labgrid", place, "--lg-coordinator", address, "--json"]
+    rc = main(["run", model, "--inputs", "2", *common])
+    rep = json.loads(capsys.readouterr().out)
+    assert rc == 0 and rep["bit_exact"] and rep["samples"] == 2, rep
+    assert rep["labgrid"]["place"] == place and rep["board"] == rep["labgrid"]["board"]
+    rc = main(["bench", "--models", model, "--optimize", "size", *common])
+    rep = json.loads(capsys.readouterr().out)
+    assert rc == 0 and [r["board"] for r in rep["rows"]] == [rep["labgrid"]["board"]], rep
+    assert rep["rows"][0]["bit_exact"] and rep["rows"][0]["arena_bytes"] > 0
+    assert _acquired_by(address, place) is None
 
 
 def test_busy_place_is_an_error_and_a_waiting_client_gets_it(farm, shared_models, golden, capsys):

@@ -46,14 +46,15 @@ def test_needs_64_mib(kiln_board):
 
 
 def test_plugin_in_a_users_suite(tmp_path):
-    """A user's suite with only `pip install kiln-ml`: the entry point loads the plugin."""
+    """A user's suite with only `pip install kiln-ml`: the entry point loads the plugin; the
+    figures of every test reach the JSON file and the JUnit XML also from pytest-xdist workers."""
     helpers.need_qemu()
     model = _dense_model(tmp_path / "dense.json")
     (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TESTS.format(model=model)))
     results, junit = tmp_path / "figures.json", tmp_path / "junit.xml"
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py",
                         "--kiln-board", "mps2-an386,mps3-an547", "--kiln-results", str(results),
-                        f"--junitxml={junit}", "-rs"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+                        f"--junitxml={junit}", "-rs", "-n", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "3 passed, 3 skipped" in p.stdout, p.stdout
     assert "mps2-an386 has a cortex-m4 (test runs on cortex-m55)" in p.stdout
