@@ -7,8 +7,8 @@ port, release it on every path.
         lease.url                                      # "rfc2217://pi:50123?ign_set_control" (NetworkSerialPort)
         lease.flash(image)                             # labgrid's BootstrapProtocol driver, or Kiln's flasher
 
-The coordinator is ``FarmSpec.coordinator``, else ``$LG_COORDINATOR``, else the environment
-file's ``coordinator_address`` option, else 127.0.0.1:20408 (labgrid's own order). A place that
+The coordinator is ``FarmSpec.coordinator``, else the environment file's ``coordinator_address``
+option, else ``$LG_COORDINATOR``, else 127.0.0.1:20408 (labgrid's own order). A place that
 another user holds is a :class:`PlaceBusy` error unless ``wait`` allows a labgrid reservation
 to wait for it; a coordinator that does not answer is :class:`CoordinatorUnreachable`.
 
@@ -115,7 +115,8 @@ def read_env(path) -> dict:
 
 
 def coordinator_address(spec: FarmSpec, env: dict | None = None) -> str:
-    return (spec.coordinator or os.environ.get("LG_COORDINATOR") or (env or {}).get("coordinator")
+    """labgrid's order: the option, the environment file's coordinator_address, $LG_COORDINATOR."""
+    return (spec.coordinator or (env or {}).get("coordinator") or os.environ.get("LG_COORDINATOR")
             or DEFAULT_COORDINATOR)
 
 

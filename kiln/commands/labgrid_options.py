@@ -18,7 +18,7 @@ def add_farm_arguments(p):
                    help="labgrid environment file naming the place (RemotePlace) and, optionally, "
                         "kiln_board and coordinator_address options and a flashing driver")
     g.add_argument("--lg-coordinator", default=None, metavar="HOST[:PORT]",
-                   help="labgrid coordinator (default: $LG_COORDINATOR, the environment file's, 127.0.0.1:20408)")
+                   help="labgrid coordinator (default: the environment file's, $LG_COORDINATOR, 127.0.0.1:20408)")
     g.add_argument("--labgrid-wait", type=float, default=0.0, metavar="SECONDS",
                    help="wait this long for a busy place (a labgrid reservation) instead of failing at once")
 

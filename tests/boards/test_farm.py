@@ -185,6 +185,23 @@ def test_run_and_bench_through_the_farm(farm, shared_models, capsys):
     assert _acquired_by(address, place) is None
 
 
+def test_verify_with_an_environment_file(farm, shared_models, golden, tmp_path, capsys):
+    """--lg-env: the place (RemotePlace), the Kiln board and the coordinator from labgrid's
+    environment file; it configures no flashing driver, so Kiln's own flasher is used."""
+    address, place = farm
+    with Lease(FarmSpec(place=place, coordinator=address, wait=30)) as lease:
+        board = lease.board
+    env = tmp_path / "env.yaml"
+    env.write_text(f"options:\n  coordinator_address: {address}\ntargets:\n  main:\n    resources:\n"
+                   f"      RemotePlace:\n        name: {place}\n    options:\n      kiln_board: {board}\n")
+    rc = main(["verify", os.path.join(shared_models, f"{MODEL}.tflite"), "--golden", golden,
+               "--lg-env", str(env), "--json"])
+    rep = json.loads(capsys.readouterr().out)
+    assert rc == 0 and rep["ok"] and rep["labgrid"] == {"place": place, "board": board, "coordinator": address,
+                                                        "url": rep["labgrid"]["url"]}, rep
+    assert _acquired_by(address, place) is None
+
+
 def test_busy_place_is_an_error_and_a_waiting_client_gets_it(farm, shared_models, golden, capsys):
     address, place = farm
     first = Lease(FarmSpec(place=place, coordinator=address)).__enter__()
