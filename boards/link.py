@@ -99,7 +99,7 @@ class Link:
         while True:
             try:
                 self.port = serial.serial_for_url(self.url, baudrate=self.baudrate, timeout=0.05,
-                                                  write_timeout=self.timeout)
+                                                  **self._write_timeout())
                 return
             except (serial.SerialException, OSError, ValueError) as e:
                 last = e
@@ -107,6 +107,11 @@ class Link:
                 raise DeviceError(f"{self.url}: cannot open within {self.reconnect_timeout:.1f} s: "
                                   f"{last}{self.where()}")
             time.sleep(0.05)
+
+    def _write_timeout(self) -> dict:
+        """pyserial's RFC 2217 client refuses a write timeout (NotImplementedError, in pyserial
+        and in labgrid's fork): an rfc2217:// port writes into a TCP socket without one."""
+        return {} if self.url.startswith("rfc2217://") else {"write_timeout": self.timeout}
 
     def close(self) -> None:
         if self.port is not None:

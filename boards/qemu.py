@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -150,15 +151,17 @@ class Qemu:
 
     def _wait_listening(self, timeout: float) -> bool:
         """QEMU listens before it runs the guest; wait for the socket (not connecting to it:
-        the one connection the server accepts belongs to the Device)."""
+        the one connection the server accepts belongs to the Device). The listening socket
+        must be this QEMU's own (its inode among the process's file descriptors): with several
+        QEMUs starting at once (kiln bench -j, pytest -n), another one may have taken the port
+        this one was given, and the Device must never connect to someone else's board."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 return False
             try:
-                with open("/proc/net/tcp") as f:
-                    if any(f":{self.port:04X} " in line and " 0A " in line for line in f):
-                        return True
+                if _owns_listener(self.proc.pid, self.port):
+                    return True
             except OSError:
                 time.sleep(0.05)
                 return True
@@ -282,6 +285,24 @@ class Qemu:
             self.stop()
         except Exception:
             pass
+
+
+def _owns_listener(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a TCP socket listening on ``port`` (Linux /proc)."""
+    with open("/proc/net/tcp") as f:
+        inodes = {fields[9] for fields in (line.split() for line in f)
+                  if len(fields) > 9 and fields[1].endswith(f":{port:04X}") and fields[3] == "0A"}
+    if not inodes:
+        return False
+    fd_dir = f"/proc/{pid}/fd"
+    for fd in os.listdir(fd_dir):
+        try:
+            link = os.readlink(os.path.join(fd_dir, fd))
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in inodes:
+            return True
+    return False
 
 
 def _parse_window(line: str) -> tuple[int, list[int]]:

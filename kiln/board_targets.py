@@ -15,7 +15,11 @@ def board_runner(board_name):
         out = options.get("out") or tempfile.mkdtemp(prefix=f"kiln_{board_name}_")
         image, pkg_dir = hil.build_for_board(model, board_name, out, port=options.get("port"),
                                              lab_map=options.get("lab_map"))
-        res = hil.run_on_board(image, pkg_dir, inputs, port=options.get("port"), lab_map=options.get("lab_map"))
+        lease = options.get("lease")        # a labgrid place (kiln.boards.farm.Lease): it flashes
+        if lease is not None:
+            options["flashed_by"] = lease.flash(image)
+        res = hil.run_on_board(image, pkg_dir, inputs, port=options.get("port"), lab_map=options.get("lab_map"),
+                               device_kw={"flash": False} if lease is not None else None)
         options["board_run"] = res.to_dict()
         return res.outputs
     return runner

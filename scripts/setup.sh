@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Idempotent set-up for Kiln on a fresh Debian machine:
 #   - apt packages (only when missing): gcc-arm-none-eabi, libnewlib-arm-none-eabi, qemu-system-arm
+#     (and ser2net with --test: labgrid's exporter uses it in the board-farm tests)
 #   - a virtualenv at .venv with Kiln (distribution kiln-ml) installed in editable mode, its
 #     dependencies at the exact versions locked in constraints.txt (pyproject.toml has the ranges)
 #   - the QEMU instruction-counting plugin (built into .venv/share/kiln)
-# Usage: bash scripts/setup.sh [--test]   (--test also installs the test extras)
+# Usage: bash scripts/setup.sh [--test]   (--test also installs the test and farm extras)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 extras=""
-[ "${1:-}" = "--test" ] && extras="[test]"
+[ "${1:-}" = "--test" ] && extras="[test,farm]"   # farm: labgrid, for the board-farm tests
 
 say() { printf '[kiln setup] %s\n' "$*"; }
 
@@ -17,6 +18,8 @@ need_apt=()
 command -v arm-none-eabi-gcc >/dev/null || need_apt+=(gcc-arm-none-eabi)
 [ -f /usr/lib/arm-none-eabi/newlib/libc.a ] || [ -d /usr/lib/arm-none-eabi/newlib ] || need_apt+=(libnewlib-arm-none-eabi)
 command -v qemu-system-arm >/dev/null || need_apt+=(qemu-system-arm)
+# ser2net: labgrid's exporter serves serial ports over RFC 2217 with it (the board-farm tests)
+[ "${1:-}" = "--test" ] && { command -v ser2net >/dev/null || [ -x /usr/sbin/ser2net ] || need_apt+=(ser2net); }
 if [ ${#need_apt[@]} -gt 0 ]; then
   say "installing apt packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo

@@ -6,14 +6,17 @@ to TensorFlow Lite Micro's measured numbers on the Cortex-M4. Prints a table (or
 its section of docs/benchmarks.md (or another Markdown file) only with --write."""
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
 from kiln import hil
-from kiln.commands import BuildFolder
+from kiln.commands import BuildFolder, positive_int
+from kiln.commands.labgrid_options import add_farm_arguments, farm_lease
 from kiln.docs_util import add_shared_argument, add_write_argument, shared_models, write_path, write_section
 from kiln.errors import UsageError
 from kiln.samples import random_inputs
@@ -47,6 +50,10 @@ def add_arguments(p):
                    help="build folder for the packages and firmware (default: a temporary folder, removed "
                         "afterwards unless --keep)")
     p.add_argument("--keep", action="store_true", help="keep the temporary build folder (its path is reported)")
+    p.add_argument("-j", "--jobs", type=positive_int, default=1, metavar="N",
+                   help="run N builds and boards at once, each QEMU on its own port and folder (default: 1); "
+                        "the figures do not depend on N")
+    add_farm_arguments(p)
 
 
 def _models(args):
@@ -59,15 +66,20 @@ def _models(args):
     return shared_models(args.shared, SHARED_MODELS, flag="--models FILE[,FILE...]")
 
 
-def bench_one(model, board, tmp, optimize="size"):
+def bench_one(model, board, tmp, optimize="size", lease=None):
+    """One row; ``lease``: a labgrid place (kiln.boards.farm.Lease) whose board runs it."""
     name = os.path.splitext(os.path.basename(model))[0]
     out = os.path.join(tmp, f"{name}_{board}_{optimize}")
     t0 = time.time()
-    image, pkg_dir = hil.build_for_board(model, board, out, optimize=optimize)
+    port = lease.url if lease is not None else None
+    image, pkg_dir = hil.build_for_board(model, board, out, optimize=optimize, port=port)
     graph = hil.package_graph(pkg_dir)
     sample = random_inputs(graph, 1, seed=0)[0]          # one array per model input
     ref = run_reference(graph, [sample])[0]
-    res = hil.run_on_board(image, pkg_dir, [sample if len(sample) > 1 else sample[0]])
+    if lease is not None:
+        lease.flash(image)
+    res = hil.run_on_board(image, pkg_dir, [sample if len(sample) > 1 else sample[0]], port=port,
+                           device_kw={"flash": False} if lease is not None else None)
     got = res.outputs[0] if isinstance(res.outputs[0], (list, tuple)) else (res.outputs[0],)
     man = hil.read_manifest(pkg_dir)
     ins = res.instructions[0]
@@ -175,16 +187,40 @@ def _runs(models, args):
     return runs
 
 
+def _bench_all(runs, folder, jobs, quiet=False, lease=None):
+    """bench_one for every (model, board, optimize) run, ``jobs`` at a time in separate processes
+    (each with its own build sub-folder and QEMU port); the rows come back in the order of ``runs``."""
+    def say(text):
+        if not quiet:
+            print(f"[kiln bench] {text}", file=sys.stderr, flush=True)
+    if jobs == 1 or len(runs) == 1:
+        rows = []
+        for m, b, opt in runs:
+            say(f"{os.path.basename(m)} on {b} (--optimize {opt}) ...")
+            rows.append(bench_one(m, b, folder, opt, lease))
+        return rows
+    say(f"{len(runs)} runs, {jobs} at a time ...")
+    # spawn, not fork: TVM and the LiteRT interpreter hold threads that a fork would copy half-way
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(bench_one, m, b, folder, opt) for m, b, opt in runs]
+        rows = []
+        for (m, b, opt), f in zip(runs, futures):
+            rows.append(f.result())
+            say(f"{os.path.basename(m)} on {b} (--optimize {opt}): done")
+        return rows
+
+
 def run(args):
     models = _models(args)
     runs = _runs(models, args)
     md_path = write_path(args.write)        # a usage error before the long runs, not after
-    rows = []
-    with BuildFolder(args.out, args.keep, "kiln_bench_") as build:
-        for m, b, opt in runs:
-            if not args.json:
-                print(f"[kiln bench] {os.path.basename(m)} on {b} (--optimize {opt}) ...", file=sys.stderr, flush=True)
-            rows.append(bench_one(m, b, build.path, opt))
+    with BuildFolder(args.out, args.keep, "kiln_bench_") as build, farm_lease(args) as lease:
+        if lease is not None:       # the labgrid place's board runs every model, one at a time
+            runs = [(m, lease.board, opt) for m in models for opt in sorted({o for _, _, o in runs})]
+            args.boards = lease.board
+        farm = None if lease is None else {"place": lease.place_name, "board": lease.board,
+                                           "coordinator": lease.address, "url": lease.url}
+        rows = _bench_all(runs, build.path, 1 if lease is not None else args.jobs, quiet=args.json, lease=lease)
     cmd = "kiln bench" + (f" --models {','.join(os.path.basename(m) for m in models)}" if args.models
                           else " --shared DIR")
     cmd += "" if args.boards == BOARDS else f" --boards {args.boards}"
@@ -197,4 +233,4 @@ def run(args):
     if build.temp and build.kept:
         text += f"\nbuild folder kept: {build.kept}"
     return {"ok": all(r["bit_exact"] for r in rows), "rows": rows, "markdown": md_path,
-            "build": build.kept, "text": text}
+            "build": build.kept, "text": text, **({"labgrid": farm} if farm else {})}

@@ -22,6 +22,7 @@ from kiln import boards, hil
 from kiln.backends import host_model, is_package
 from kiln.boards.labmap import load_lab_map
 from kiln.commands import BuildFolder, add_optimize_argument
+from kiln.commands.labgrid_options import add_farm_arguments, farm_lease
 from kiln.frontend import load_model
 from kiln.frontend.errors import KilnError
 from kiln.litert import OracleUnsupported, run_litert
@@ -54,6 +55,7 @@ def add_arguments(p):
     p.add_argument("--keep", action="store_true", help="keep the temporary build folder")
     p.add_argument("--plot", default=None, metavar="PNG", help="write the per-layer roofline (instructions, "
                    "MACs per instruction against the core's ceiling) to this PNG (boards only)")
+    add_farm_arguments(p)
 
 
 # ---- samples -----------------------------------------------------------------------------------
@@ -163,6 +165,20 @@ def _data_report(graph, pkg_dir, samples, board_outs, ref_outs, args):
 
 # ---- the command ------------------------------------------------------------------------------
 def run(args):
+    with farm_lease(args) as lease:
+        if lease is not None:       # a labgrid place: its board, over its serial port
+            if args.board not in (None, lease.board) or args.port:
+                raise KilnError(f"--labgrid: the place holds a {lease.board}: give no --board (or that "
+                                f"one) and no --port")
+            args.board, args.port = lease.board, lease.url
+        rep = _run(args, lease)
+        if lease is not None:
+            rep["labgrid"] = {"place": lease.place_name, "board": lease.board, "coordinator": lease.address,
+                              "url": args.port}
+        return rep
+
+
+def _run(args, lease=None):
     if args.target in BACKEND_TARGETS:
         return _run_target(args)
     if args.target is not None:
@@ -177,7 +193,7 @@ def run(args):
     temp = args.out is None
     out = args.out or tempfile.mkdtemp(prefix=f"kiln_run_{args.board}_")
     try:
-        rep = _run_on(board, args, out, lab_map)
+        rep = _run_on(board, args, out, lab_map, lease)
     finally:
         if temp and not args.keep:
             shutil.rmtree(out, ignore_errors=True)
@@ -190,13 +206,15 @@ def run(args):
     return rep
 
 
-def _run_on(board, args, out, lab_map):
+def _run_on(board, args, out, lab_map, lease=None):
     image, pkg_dir = hil.build_for_board(args.model, board, out, optimize=args.optimize, port=args.port,
                                          lab_map=lab_map)
     graph = hil.package_graph(pkg_dir)
     samples = _samples(graph, args)
+    if lease is not None:
+        lease.flash(image)
     res = hil.run_on_board(image, pkg_dir, [s if len(s) > 1 else s[0] for s in samples.inputs],
-                           port=args.port, lab_map=lab_map)
+                           port=args.port, lab_map=lab_map, device_kw={"flash": False} if lease else None)
     board_outs = [as_tuple(o) for o in res.outputs]
     ref_outs = run_reference(graph, samples.inputs)
     checks = [check("Kiln's reference executor", board_outs, ref_outs)]

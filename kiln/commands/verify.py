@@ -7,6 +7,8 @@ import time
 import numpy as np
 
 from kiln.commands import BuildFolder
+from kiln.commands.labgrid_options import add_farm_arguments, farm_lease
+from kiln.errors import UsageError
 from kiln.samples import golden_pairs, read_npz
 from kiln.targets import get_target, run_target
 
@@ -24,6 +26,7 @@ def add_arguments(p):
                         "CUDA package, the host target's package); default: a temporary folder, removed "
                         "afterwards unless --keep (the host target then uses its per-model cache)")
     p.add_argument("--keep", action="store_true", help="keep the temporary build folder (its path is reported)")
+    add_farm_arguments(p)
 
 
 def load_golden(path):
@@ -97,8 +100,18 @@ def verify(model, golden, target, atol=None, max_report=10, options=None, keep=F
 
 
 def run(args):
-    rep = verify(args.model, args.golden, args.target, args.atol, args.max_report,
-                 options={"out": args.out} if args.out else None, keep=args.keep)
+    with farm_lease(args) as lease:
+        options = {"out": args.out} if args.out else {}
+        if lease is not None:       # a labgrid place: its board, over its serial port
+            if args.target not in ("reference", lease.board):
+                raise UsageError(f"--labgrid: the place holds a {lease.board}: give no --target (or that one)")
+            args.target = lease.board
+            options.update(port=lease.url, lease=lease)
+        rep = verify(args.model, args.golden, args.target, args.atol, args.max_report,
+                     options=options or None, keep=args.keep)
+        if lease is not None:
+            rep["labgrid"] = {"place": lease.place_name, "board": lease.board, "coordinator": lease.address,
+                              "url": options["port"]}
     lines = [f"verify {rep['model']} on {rep['target']}: {rep['matched']}/{rep['pairs']} golden pairs match"]
     for r in rep["results"]:
         if not r["match"]:
