@@ -26,6 +26,7 @@ typed state (:class:`CudaState`); every pass only needs what the ones before pro
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 
@@ -35,7 +36,7 @@ from kiln.frontend.errors import KilnError
 from kiln.frontend.graph import Graph
 from kiln.frontend.types import TensorType
 
-from . import planner, tvm_te
+from . import nvrtc, planner, tvm_te
 from .cuda_plan import (  # noqa: F401
     ALIGN,
     DTYPES,
@@ -53,9 +54,15 @@ FORMAT = CUDA_FORMAT
 RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")
 
 
+# per-block limits of sm_80 and sm_90 without opt-in attributes (the runner sets none): DLight
+# sizes its tiles from them and every scheduled kernel is checked against them
+GPU_LIMITS = {"max_shared_memory_per_block": 48 * 1024, "max_threads_per_block": 1024,
+              "max_num_threads": 1024, "thread_warp_size": 32, "registers_per_block": 65536}
+
+
 def gpu_target(arch="sm_90"):
     import tvm
-    return tvm.target.Target({"kind": "cuda", "arch": arch}, host="llvm")
+    return tvm.target.Target({"kind": "cuda", "arch": arch, **GPU_LIMITS}, host="llvm")
 
 
 def _nbytes(shape, dtype):
@@ -185,9 +192,29 @@ def _lower(mod, target):
     return tvm.transform.Sequential(_lower_passes())(mod)
 
 
+def check_lowered(name, low):
+    """Raise unless a lowered step is launchable: its host side a flat list of launches whose
+    arguments are buffers or constants, every kernel within ``GPU_LIMITS`` (shared memory,
+    threads per block)."""
+    from tvm import s_tir
+    limits = {"max_shared_memory_per_block": GPU_LIMITS["max_shared_memory_per_block"],
+              "max_threads_per_block": GPU_LIMITS["max_threads_per_block"]}
+    for gv, f in low.functions.items():
+        if gv.name_hint == name:
+            loops = []
+            _walk(f.body, lambda s: loops.append(s) if type(s).__name__ == "For" else None)
+            if loops:
+                raise KilnError(f"step {name!r}: loops left on the host ({loops[0].loop_var} ...)")
+            launches_of(f, name)
+        elif not s_tir.analysis.verify_gpu_code(f, limits):
+            raise KilnError(f"kernel {gv.name_hint}: over the GPU limits {limits} (shared memory or threads)")
+
+
 def schedule_gpu(name, func, target):
     """(scheduled PrimFunc, rule name): the first DLight rule that schedules the function and
-    whose result lowers. Raises naming the function when none does."""
+    whose result lowers to a launchable step (``check_lowered``: kernels within the target's
+    shared-memory and thread limits, no loops left on the host); otherwise the next rule. Raises
+    naming the function and what each rule did when none does."""
     import tvm
     from tvm.s_tir import dlight as dl
     errors = []
@@ -199,7 +226,7 @@ def schedule_gpu(name, func, target):
                 continue
             sch = sch[0] if isinstance(sch, (list, tuple)) else sch
             f = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("global_symbol", name)
-            _lower(tvm.IRModule({name: f}), target)   # must lower, too
+            check_lowered(name, _lower(tvm.IRModule({name: f}), target))   # must lower and launch
             return f, rule
         except Exception as e:   # noqa: BLE001 - try the next rule, report all at the end
             errors.append(f"{rule}: {str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__}")
@@ -347,6 +374,8 @@ class CudaState:
     woff: dict = dataclasses.field(default_factory=dict)              # weights: {value: offset}
     plan_steps: list = dataclasses.field(default_factory=list)        # launch_plan: [manifest.Step]
     manifest: Manifest | None = None     # emit
+    nvrtc: bool | None = None            # compile the .cu with NVRTC + ptxas (None: when installed)
+    resources: dict = dataclasses.field(default_factory=dict)   # nvrtc: {arch: {kernel: resources}}
     t0: float = dataclasses.field(default_factory=time.time)
 
     def nbytes(self, v):
@@ -465,28 +494,48 @@ def _manifest(st: CudaState, arena, launches, tvm_version) -> Manifest:
         build_seconds=round(time.time() - st.t0, 2))
 
 
-PIPELINE = [relax, steps, lower, plan, weights, launch_plan, emit]
+def compile_check(st: CudaState):
+    """Needs: emit. kernels.cu compiled as the runner compiles it (NVRTC, then ptxas for the
+    package's arch): fails naming the kernel and the limit it exceeds; writes resources.json
+    (registers, shared memory, stack, spills per kernel). Skipped when ``nvrtc`` is False, or
+    None and NVRTC is not installed."""
+    if st.nvrtc is False:
+        return
+    try:
+        nvrtc.toolkit()
+    except nvrtc.NvrtcUnavailable:
+        if st.nvrtc:
+            raise
+        return
+    st.resources = nvrtc.check_package(st.out_dir, st.manifest, archs=(st.arch,))
+    with open(os.path.join(st.out_dir, "resources.json"), "w") as f:
+        json.dump(st.resources, f, indent=1, sort_keys=True)
 
 
-def compile(graph: Graph, out_dir, arch="sm_90", dtype="float32", with_updates=False, params=None):
+PIPELINE = [relax, steps, lower, plan, weights, launch_plan, emit, compile_check]
+
+
+def compile(graph: Graph, out_dir, arch="sm_90", dtype="float32", with_updates=False, params=None, check=None):
     """Write a CUDA package for a float Kiln graph to ``out_dir``; returns ``out_dir``.
-    ``dtype`` is the storage dtype of float32 values (float16/bfloat16 accumulate in float32)."""
+    ``dtype`` is the storage dtype of float32 values (float16/bfloat16 accumulate in float32).
+    ``check``: compile the package with NVRTC and ptxas for ``arch`` (backends/nvrtc.py) and fail
+    on a kernel over a GPU limit; None checks when NVRTC is installed."""
     if dtype not in DTYPES:
         raise KilnError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     graph.validate()
     user_inputs = list(graph.inputs)
     graph, masks = tvm_te.externalize_dropout(graph)
     tvm_te.check_lowerable(graph, f"cuda ({arch})")
-    st = CudaState(graph, out_dir, arch, dtype, with_updates, params, user_inputs, masks)
+    st = CudaState(graph, out_dir, arch, dtype, with_updates, params, user_inputs, masks, nvrtc=check)
     for p in PIPELINE:
         p(st)
     return out_dir
 
 
-def compile_train_step(step_graph: Graph, out_dir, arch="sm_90", dtype="float32"):
+def compile_train_step(step_graph: Graph, out_dir, arch="sm_90", dtype="float32", check=None):
     """Package for a training-step graph (autodiff.grad output: forward + loss + backward); the
     buffer updates of train-mode BatchNorm, when the graph has them, become extra outputs listed
     under ``updates`` in the manifest. The optimiser update runs on the host (or as a second graph)."""
     if "grad" not in step_graph.meta:
         raise KilnError(f"graph {step_graph.name!r} is not a gradient graph (make it with kiln.grad)")
-    return compile(step_graph, out_dir, arch=arch, dtype=dtype, with_updates=bool(step_graph.updates))
+    return compile(step_graph, out_dir, arch=arch, dtype=dtype, with_updates=bool(step_graph.updates), check=check)
