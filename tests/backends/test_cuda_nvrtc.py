@@ -130,3 +130,29 @@ def test_kiln_compile_reports_registers_shared_and_spills(tmp_path, capsys):
     assert cli_main(["compile", model, "--target", "cuda", "-o", out]) == 0
     text = capsys.readouterr().out
     assert "NVRTC + ptxas sm_90" in text and "regs" in text and "spill" in text
+
+
+ZOO = ["ds-cnn", "resnet8", "mobilenet-v1-0.25", "fc-autoencoder", "digits-cnn"]
+CASES = [(m, d, "forward") for m in ZOO for d in ("float32", "float16", "bfloat16")] + \
+        [(m, d, "step") for m in ZOO for d in ("float32", "float16")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,dtype,kind", CASES, ids=[f"{m}-{d}-{k}" for m, d, k in CASES])
+def test_zoo_packages_compile_for_sm80_and_sm90(tmp_path, model, dtype, kind):
+    """Every zoo model's inference (batch 1) and training step (batch 8) package, in each dtype,
+    compiles with NVRTC and ptxas within the limits for sm_80 and sm_90."""
+    from kiln.training import zoo
+    from kiln.training.step import StepGraph
+    kiln.frontend.manual_seed(0)
+    z = zoo.get(model)
+    if kind == "forward":
+        g = kiln.trace(z.module, np.zeros(z.input_shape, np.float32), name=model.replace("-", "_"))
+        pkg = cuda.compile(g, str(tmp_path / "p"), arch="sm_80", dtype=dtype, check=True)
+    else:
+        step = StepGraph(z.module, z.loss, tuple(z.input_shape[1:]), 8).graph
+        pkg = cuda.compile_train_step(step, str(tmp_path / "p"), arch="sm_80", dtype=dtype, check=True)
+    m = cuda.load_manifest(pkg)
+    res = nvrtc.check_package(pkg, m, archs=("sm_90",))
+    assert set(res["sm_90"]) == set(m.kernels)
+    assert set(json.load(open(os.path.join(pkg, "resources.json")))["sm_80"]) == set(m.kernels)
