@@ -21,7 +21,7 @@ typed state (:class:`CudaState`); every pass only needs what the ones before pro
   emit          kernels.cu (device code from the same lowered IR), manifest.json (launch plan:
                 kernel, grid, block, dynamic shared memory, each argument as arena/weights offset),
                 weights.bin, plan.txt (the arena drawn), groups.json (unscheduled TIR of each step,
-                for the CPU plan interpreter)
+                for the CPU plan interpreter), scheduled.json (the scheduled TIR, for cuda-sim)
 """
 from __future__ import annotations
 
@@ -307,7 +307,7 @@ def launches_of(host_func, step_name):
 
 def lower_steps(tir_mod, target):
     """Schedule every PrimFunc, lower them together, return ({func: (launches, temps, rule)}, cuda
-    source)."""
+    source, the scheduled module)."""
     import tvm
     from tvm.tirx.compilation_pipeline import finalize_device_passes
     sched, rules = {}, {}
@@ -323,7 +323,7 @@ def lower_steps(tir_mod, target):
             kernels[gv] = f
     dmod = finalize_device_passes()(tvm.IRModule(kernels))
     src = tvm.get_global_func("target.build.cuda")(dmod, _device_target(target)).inspect_source()
-    return info, src
+    return info, src, tvm.IRModule(sched)
 
 
 def _device_target(target):
@@ -368,6 +368,7 @@ class CudaState:
     tir_mod: object = None               # steps: the steps' PrimFuncs
     info: dict = dataclasses.field(default_factory=dict)     # lower: {func: (launches, temps, rule)}
     source: str = ""                     # lower: CUDA C of every kernel
+    scheduled: object = None             # lower: the DLight-scheduled PrimFuncs (for cuda-sim)
     buffers: list = dataclasses.field(default_factory=list)  # plan: [planner.Buffer]
     plan: planner.MemoryPlan | None = None
     blob: bytearray = dataclasses.field(default_factory=bytearray)   # weights
@@ -403,7 +404,7 @@ def steps(st: CudaState):
 
 def lower(st: CudaState):
     """Needs: steps. Every PrimFunc scheduled and lowered: launches per step and the CUDA source."""
-    st.info, st.source = lower_steps(st.tir_mod, st.target)
+    st.info, st.source, st.scheduled = lower_steps(st.tir_mod, st.target)
 
 
 def plan(st: CudaState):
@@ -467,6 +468,8 @@ def emit(st: CudaState):
                 f"{st.plan.table()}\n\n{st.plan.drawing()}\n")
     with open(os.path.join(st.out_dir, "groups.json"), "w") as f:
         f.write(tvm.ir.save_json(st.tir_mod))
+    with open(os.path.join(st.out_dir, "scheduled.json"), "w") as f:
+        f.write(tvm.ir.save_json(st.scheduled))
     st.manifest = _manifest(st, arena, launches, tvm.__version__)
     save_manifest(st.out_dir, st.manifest)
 

@@ -107,6 +107,13 @@ def run_cuda(model, samples, options):
     return [tuple(pkg.run(*xs)) for xs in samples]
 
 
+def run_cuda_sim(model, samples, options):
+    from kiln.backends.cuda_sim import Simulator  # TVM (OpenCL lowering), pyopencl
+    pkg = _cuda_package(model, options, interpret=True)
+    sim = Simulator(pkg.path)
+    return [tuple(sim(*pkg._inputs(xs, None))) for xs in samples]
+
+
 def run_cuda_plan(model, samples, options):
     pkg = _cuda_package(model, options, interpret=True)
     return [tuple(pkg.run(*xs)) for xs in samples]
@@ -120,6 +127,8 @@ BACKEND_TARGETS = {t.name: t for t in (
            description="float graph compiled by TVM (LLVM) for this CPU"),
     Target("cuda", run_cuda, exact=False, atol=1e-4, tolerance_for=cuda_tolerance,
            description="CUDA package (TVM-generated .cu + launch plan) run with CuPy/NVRTC"),
+    Target("cuda-sim", run_cuda_sim, exact=False, atol=1e-4, tolerance_for=cuda_tolerance,
+           description="CUDA package's scheduled kernels and launch plan run on the CPU with OpenCL (pocl)"),
     Target("cuda-plan", run_cuda_plan, exact=False, atol=1e-5, tolerance_for=cuda_tolerance,
            description="CUDA package's launch plan executed on the CPU (no GPU needed)"),
 )}
