@@ -32,7 +32,7 @@ def mlp_files(tmp_path_factory):
 def test_target_names():
     assert list(BACKEND_TARGETS) == ["reference", "host", "host-llvm", "cuda", "cuda-sim", "cuda-plan"]
     assert "mps2-an386" in target_names() and get_target("mps2-an386").exact
-    with pytest.raises(kiln.KilnError, match=r"unknown target 'nowhere'; available: cuda, cuda-plan, host"):
+    with pytest.raises(kiln.KilnError, match=r"unknown target 'nowhere'; available: cuda, cuda-plan, cuda-sim, host"):
         get_target("nowhere")
 
 
