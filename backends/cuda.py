@@ -40,6 +40,7 @@ from . import nvrtc, planner, tvm_te
 from .cuda_plan import (  # noqa: F401
     ALIGN,
     DTYPES,
+    TOLERANCE,
     check_package,
     check_plan,
     expand_inputs,
