@@ -3,7 +3,6 @@ no GPU is lent here, so what is checked is what the runner asks of CuPy: one str
 copy and launch, the requested device selected before it is checked, a warm-up run before graph
 capture and no partial graph after a failed one, a poisoned arena between guard zones, NVRTC
 options with the CUDA headers. The real runs are the gpu-marked tests in test_cuda_codegen.py."""
-import numpy as np
 import pytest
 
 from kiln.backends import cuda, cuda_runner, nvrtc
@@ -41,12 +40,16 @@ def test_arena_is_poisoned_between_guard_zones(monkeypatch, pkg):
     m = r.m
     biggest = max(a.bytes for st in m.steps for L in st.launches for a in L.args if a.space)
     assert r.guard >= biggest and r.guard % 256 == 0
-    arena_args = [a for st in m.steps for L in st.launches for a in L.args if a.space == "arena"]
-    base = r._arena_raw.data.ptr
-    plan_args = [args for _, _, args in r._plan]
-    ptrs = [int(p) for args in plan_args for p in args if isinstance(p, np.uint64)]
-    assert min(ptrs) >= base + r.guard                        # nothing launched into a guard zone
-    assert arena_args and r.guards_clean()
+    raw = {"arena": r._arena_raw, "weights": r._weights_raw}
+    size = {"arena": m.arena_bytes, "weights": m.weights_bytes}
+    spaces = set()
+    for _, L, args in r._plan:                                # every pointer between the guard zones
+        for a, p in zip(L.args, args):
+            if a.space:
+                spaces.add(a.space)
+                lo = raw[a.space].data.ptr + r.guard
+                assert int(p) == lo + a.offset and lo <= int(p) and int(p) + a.bytes <= lo + size[a.space]
+    assert spaces == {"arena", "weights"} and r.guards_clean()
     r._arena_raw.a[3] = 0
     assert not r.guards_clean()
 
