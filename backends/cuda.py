@@ -21,11 +21,12 @@ typed state (:class:`CudaState`); every pass only needs what the ones before pro
   emit          kernels.cu (device code from the same lowered IR), manifest.json (launch plan:
                 kernel, grid, block, dynamic shared memory, each argument as arena/weights offset),
                 weights.bin, plan.txt (the arena drawn), groups.json (unscheduled TIR of each step,
-                for the CPU plan interpreter)
+                for the CPU plan interpreter), scheduled.json (the scheduled TIR, for cuda-sim)
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 
@@ -35,10 +36,11 @@ from kiln.frontend.errors import KilnError
 from kiln.frontend.graph import Graph
 from kiln.frontend.types import TensorType
 
-from . import planner, tvm_te
+from . import nvrtc, planner, tvm_te
 from .cuda_plan import (  # noqa: F401
     ALIGN,
     DTYPES,
+    TOLERANCE,
     check_package,
     check_plan,
     expand_inputs,
@@ -53,9 +55,15 @@ FORMAT = CUDA_FORMAT
 RULES = ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback")
 
 
+# per-block limits of sm_80 and sm_90 without opt-in attributes (the runner sets none): DLight
+# sizes its tiles from them and every scheduled kernel is checked against them
+GPU_LIMITS = {"max_shared_memory_per_block": 48 * 1024, "max_threads_per_block": 1024,
+              "max_num_threads": 1024, "thread_warp_size": 32, "registers_per_block": 65536}
+
+
 def gpu_target(arch="sm_90"):
     import tvm
-    return tvm.target.Target({"kind": "cuda", "arch": arch}, host="llvm")
+    return tvm.target.Target({"kind": "cuda", "arch": arch, **GPU_LIMITS}, host="llvm")
 
 
 def _nbytes(shape, dtype):
@@ -185,9 +193,29 @@ def _lower(mod, target):
     return tvm.transform.Sequential(_lower_passes())(mod)
 
 
+def check_lowered(name, low):
+    """Raise unless a lowered step is launchable: its host side a flat list of launches whose
+    arguments are buffers or constants, every kernel within ``GPU_LIMITS`` (shared memory,
+    threads per block)."""
+    from tvm import s_tir
+    limits = {"max_shared_memory_per_block": GPU_LIMITS["max_shared_memory_per_block"],
+              "max_threads_per_block": GPU_LIMITS["max_threads_per_block"]}
+    for gv, f in low.functions.items():
+        if gv.name_hint == name:
+            loops = []
+            _walk(f.body, lambda s: loops.append(s) if type(s).__name__ == "For" else None)
+            if loops:
+                raise KilnError(f"step {name!r}: loops left on the host ({loops[0].loop_var} ...)")
+            launches_of(f, name)
+        elif not s_tir.analysis.verify_gpu_code(f, limits):
+            raise KilnError(f"kernel {gv.name_hint}: over the GPU limits {limits} (shared memory or threads)")
+
+
 def schedule_gpu(name, func, target):
     """(scheduled PrimFunc, rule name): the first DLight rule that schedules the function and
-    whose result lowers. Raises naming the function when none does."""
+    whose result lowers to a launchable step (``check_lowered``: kernels within the target's
+    shared-memory and thread limits, no loops left on the host); otherwise the next rule. Raises
+    naming the function and what each rule did when none does."""
     import tvm
     from tvm.s_tir import dlight as dl
     errors = []
@@ -199,7 +227,7 @@ def schedule_gpu(name, func, target):
                 continue
             sch = sch[0] if isinstance(sch, (list, tuple)) else sch
             f = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("global_symbol", name)
-            _lower(tvm.IRModule({name: f}), target)   # must lower, too
+            check_lowered(name, _lower(tvm.IRModule({name: f}), target))   # must lower and launch
             return f, rule
         except Exception as e:   # noqa: BLE001 - try the next rule, report all at the end
             errors.append(f"{rule}: {str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__}")
@@ -280,7 +308,7 @@ def launches_of(host_func, step_name):
 
 def lower_steps(tir_mod, target):
     """Schedule every PrimFunc, lower them together, return ({func: (launches, temps, rule)}, cuda
-    source)."""
+    source, the scheduled module)."""
     import tvm
     from tvm.tirx.compilation_pipeline import finalize_device_passes
     sched, rules = {}, {}
@@ -296,7 +324,7 @@ def lower_steps(tir_mod, target):
             kernels[gv] = f
     dmod = finalize_device_passes()(tvm.IRModule(kernels))
     src = tvm.get_global_func("target.build.cuda")(dmod, _device_target(target)).inspect_source()
-    return info, src
+    return info, src, tvm.IRModule(sched)
 
 
 def _device_target(target):
@@ -341,12 +369,15 @@ class CudaState:
     tir_mod: object = None               # steps: the steps' PrimFuncs
     info: dict = dataclasses.field(default_factory=dict)     # lower: {func: (launches, temps, rule)}
     source: str = ""                     # lower: CUDA C of every kernel
+    scheduled: object = None             # lower: the DLight-scheduled PrimFuncs (for cuda-sim)
     buffers: list = dataclasses.field(default_factory=list)  # plan: [planner.Buffer]
     plan: planner.MemoryPlan | None = None
     blob: bytearray = dataclasses.field(default_factory=bytearray)   # weights
     woff: dict = dataclasses.field(default_factory=dict)              # weights: {value: offset}
     plan_steps: list = dataclasses.field(default_factory=list)        # launch_plan: [manifest.Step]
     manifest: Manifest | None = None     # emit
+    nvrtc: bool | None = None            # compile the .cu with NVRTC + ptxas (None: when installed)
+    resources: dict = dataclasses.field(default_factory=dict)   # nvrtc: {arch: {kernel: resources}}
     t0: float = dataclasses.field(default_factory=time.time)
 
     def nbytes(self, v):
@@ -374,7 +405,7 @@ def steps(st: CudaState):
 
 def lower(st: CudaState):
     """Needs: steps. Every PrimFunc scheduled and lowered: launches per step and the CUDA source."""
-    st.info, st.source = lower_steps(st.tir_mod, st.target)
+    st.info, st.source, st.scheduled = lower_steps(st.tir_mod, st.target)
 
 
 def plan(st: CudaState):
@@ -438,6 +469,8 @@ def emit(st: CudaState):
                 f"{st.plan.table()}\n\n{st.plan.drawing()}\n")
     with open(os.path.join(st.out_dir, "groups.json"), "w") as f:
         f.write(tvm.ir.save_json(st.tir_mod))
+    with open(os.path.join(st.out_dir, "scheduled.json"), "w") as f:
+        f.write(tvm.ir.save_json(st.scheduled))
     st.manifest = _manifest(st, arena, launches, tvm.__version__)
     save_manifest(st.out_dir, st.manifest)
 
@@ -465,28 +498,48 @@ def _manifest(st: CudaState, arena, launches, tvm_version) -> Manifest:
         build_seconds=round(time.time() - st.t0, 2))
 
 
-PIPELINE = [relax, steps, lower, plan, weights, launch_plan, emit]
+def compile_check(st: CudaState):
+    """Needs: emit. kernels.cu compiled as the runner compiles it (NVRTC, then ptxas for the
+    package's arch): fails naming the kernel and the limit it exceeds; writes resources.json
+    (registers, shared memory, stack, spills per kernel). Skipped when ``nvrtc`` is False, or
+    None and NVRTC is not installed."""
+    if st.nvrtc is False:
+        return
+    try:
+        nvrtc.toolkit()
+    except nvrtc.NvrtcUnavailable:
+        if st.nvrtc:
+            raise
+        return
+    st.resources = nvrtc.check_package(st.out_dir, st.manifest, archs=(st.arch,))
+    with open(os.path.join(st.out_dir, "resources.json"), "w") as f:
+        json.dump(st.resources, f, indent=1, sort_keys=True)
 
 
-def compile(graph: Graph, out_dir, arch="sm_90", dtype="float32", with_updates=False, params=None):
+PIPELINE = [relax, steps, lower, plan, weights, launch_plan, emit, compile_check]
+
+
+def compile(graph: Graph, out_dir, arch="sm_90", dtype="float32", with_updates=False, params=None, check=None):
     """Write a CUDA package for a float Kiln graph to ``out_dir``; returns ``out_dir``.
-    ``dtype`` is the storage dtype of float32 values (float16/bfloat16 accumulate in float32)."""
+    ``dtype`` is the storage dtype of float32 values (float16/bfloat16 accumulate in float32).
+    ``check``: compile the package with NVRTC and ptxas for ``arch`` (backends/nvrtc.py) and fail
+    on a kernel over a GPU limit; None checks when NVRTC is installed."""
     if dtype not in DTYPES:
         raise KilnError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     graph.validate()
     user_inputs = list(graph.inputs)
     graph, masks = tvm_te.externalize_dropout(graph)
     tvm_te.check_lowerable(graph, f"cuda ({arch})")
-    st = CudaState(graph, out_dir, arch, dtype, with_updates, params, user_inputs, masks)
+    st = CudaState(graph, out_dir, arch, dtype, with_updates, params, user_inputs, masks, nvrtc=check)
     for p in PIPELINE:
         p(st)
     return out_dir
 
 
-def compile_train_step(step_graph: Graph, out_dir, arch="sm_90", dtype="float32"):
+def compile_train_step(step_graph: Graph, out_dir, arch="sm_90", dtype="float32", check=None):
     """Package for a training-step graph (autodiff.grad output: forward + loss + backward); the
     buffer updates of train-mode BatchNorm, when the graph has them, become extra outputs listed
     under ``updates`` in the manifest. The optimiser update runs on the host (or as a second graph)."""
     if "grad" not in step_graph.meta:
         raise KilnError(f"graph {step_graph.name!r} is not a gradient graph (make it with kiln.grad)")
-    return compile(step_graph, out_dir, arch=arch, dtype=dtype, with_updates=bool(step_graph.updates))
+    return compile(step_graph, out_dir, arch=arch, dtype=dtype, with_updates=bool(step_graph.updates), check=check)

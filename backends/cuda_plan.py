@@ -19,6 +19,17 @@ from .manifest import load_manifest as _load
 
 ALIGN = 256
 DTYPES = ("float32", "float16", "bfloat16")
+# absolute tolerance of a float package against the float32 NumPy reference, by storage dtype:
+# float32 kernels reorder sums (1e-4); float16 (10-bit mantissa) and bfloat16 (7-bit mantissa)
+# round every stored value, layer after layer, to ~1e-3 and ~8e-3 relative
+TOLERANCE = {"float32": 1e-4, "float16": 3e-2, "bfloat16": 1e-1}
+
+
+def tolerance(dtype):
+    """The comparison tolerance for a package of storage dtype ``dtype``."""
+    if dtype not in TOLERANCE:
+        raise KilnError(f"no float tolerance for dtype {dtype!r} (known: {', '.join(TOLERANCE)})")
+    return TOLERANCE[dtype]
 
 
 def load_manifest(pkg) -> Manifest:
@@ -93,6 +104,14 @@ def check_package(pkg) -> Manifest:
         if b.offset + b.bytes > m.arena_bytes:
             raise KilnError(f"buffer {b.name} ends past the arena")
     return m
+
+
+def guard_bytes(m: Manifest):
+    """Bytes of the guard zones before and after the arena and the weights blob: the largest
+    argument of any launch (a kernel that reads its padding halo before the bounds check reads at
+    most about one row of its operand outside it), 256-byte aligned, at least 4 KiB."""
+    big = max([a.bytes for st in m.steps for L in st.launches for a in L.args if a.space] + [4096])
+    return (big + ALIGN - 1) // ALIGN * ALIGN
 
 
 def expand_inputs(m: Manifest, inputs):

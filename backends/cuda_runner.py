@@ -19,7 +19,8 @@ import numpy as np
 
 from kiln.frontend.errors import KilnError
 
-from .cuda_plan import expand_inputs, from_storage, load_manifest, storage_bytes
+from . import nvrtc
+from .cuda_plan import expand_inputs, from_storage, guard_bytes, load_manifest, storage_bytes
 
 
 class CudaUnavailable(KilnError):
@@ -37,14 +38,15 @@ def _arch_cc(arch):
         raise KilnError(f"bad CUDA arch {arch!r} (expected e.g. 'sm_90')") from None
 
 
-def probe(arch="sm_90"):
-    """(cupy module, device compute capability as int) or raise CudaUnavailable describing what
-    was found."""
+def probe(arch="sm_90", device=None):
+    """(cupy module, compute capability as int of ``device``, default the current one) or raise
+    CudaUnavailable describing what was found. The device is selected before it is checked."""
     try:
         import cupy
     except ImportError as e:
-        raise CudaUnavailable(f"the CUDA runner needs CuPy (pip install cupy-cuda12x); import failed: {e}. "
-                              f"Package generation (kiln.backends.cuda.compile) works without it.") from None
+        raise CudaUnavailable(f"the CUDA runner needs CuPy (pip install cupy-cuda12x, and pip install -e .[cuda] "
+                              f"for NVRTC's headers); import failed: {e}. Package generation "
+                              f"(kiln.backends.cuda.compile) works without it.") from None
     try:
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:   # noqa: BLE001 - CuPy raises several driver/runtime error types
@@ -52,7 +54,10 @@ def probe(arch="sm_90"):
                               f"{type(e).__name__}: {e}") from None
     if n == 0:
         raise CudaUnavailable(f"CuPy {cupy.__version__} found but 0 CUDA devices")
-    dev = cupy.cuda.Device()
+    if device is not None and not 0 <= int(device) < n:
+        raise CudaUnavailable(f"device {device} asked for, but CuPy sees {n} CUDA device(s) (0..{n - 1})")
+    dev = cupy.cuda.Device(device) if device is not None else cupy.cuda.Device()
+    dev.use()
     cc = int(dev.compute_capability)
     want = _arch_cc(arch)
     if cc < want:
@@ -66,39 +71,57 @@ def probe(arch="sm_90"):
 
 
 class CudaRunner:
-    def __init__(self, pkg, nvrtc_options=("--std=c++17",), device=None):
+    """Every copy, fill and launch goes on one non-blocking stream (``self.stream``), so uploads
+    and kernels are ordered. The arena is poisoned (every byte 0xFF: NaN in float32, float16 and
+    bfloat16) and sits between two guard zones, as does the weights blob: kernels whose padding
+    halo is read before its bounds check (DLight's conv tiles) stay inside the allocation."""
+
+    def __init__(self, pkg, nvrtc_options=None, device=None):
         self.pkg = pkg
         self.m = load_manifest(pkg)
-        cupy, self.cc = probe(self.m.arch)
+        cupy, self.cc = probe(self.m.arch, device)
         self.cp = cupy
-        if device is not None:
-            cupy.cuda.Device(device).use()
         with open(os.path.join(pkg, self.m.sources[0])) as f:
             src = f.read()
+        opts = tuple(nvrtc.options() if nvrtc_options is None else nvrtc_options)
         try:
-            self.module = cupy.RawModule(code=src, options=tuple(nvrtc_options), backend="nvrtc")
+            self.module = cupy.RawModule(code=src, options=opts, backend="nvrtc")
             self.kernels = {k: self.module.get_function(k) for k in self.m.kernels}
         except Exception as e:   # noqa: BLE001
             raise KilnError(f"{pkg}: NVRTC could not compile {self.m.sources[0]} for compute capability "
-                            f"{self.cc}: {type(e).__name__}: {str(e)[:2000]}") from None
-        self.arena = self._alloc(self.m.arena_bytes, "arena")
-        self.weights = self._alloc(max(self.m.weights_bytes, 1), "weights blob")
+                            f"{self.cc}: {type(e).__name__}: {nvrtc.error_lines(str(e))}") from None
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.guard = guard_bytes(self.m)
+        self._arena_raw = self._alloc(self.m.arena_bytes, "arena", 0xFF)
+        self._weights_raw = self._alloc(max(self.m.weights_bytes, 1), "weights blob", 0)
+        self.arena = self._arena_raw[self.guard:self.guard + self.m.arena_bytes]
+        self.weights = self._weights_raw[self.guard:self.guard + max(self.m.weights_bytes, 1)]
         blob = np.fromfile(os.path.join(pkg, self.m.weights_file), np.uint8)
         if blob.size:
-            self.weights[:blob.size].set(blob)
-        self.stream = cupy.cuda.Stream(non_blocking=True)
+            self.weights[:blob.size].set(blob, stream=self.stream)
+        self.stream.synchronize()
         self.graph = None
         self._plan = [(self.kernels[L.kernel], L, tuple(self._arg(a) for a in L.args))
                       for st in self.m.steps for L in st.launches]
 
-    def _alloc(self, nbytes, what):
+    def _alloc(self, nbytes, what, fill):
+        """``nbytes`` between two guard zones, filled with ``fill`` on the runner's stream."""
         cp = self.cp
         try:
-            return cp.zeros(nbytes, cp.uint8)
+            with self.stream:
+                return cp.full(nbytes + 2 * self.guard, fill, cp.uint8)
         except cp.cuda.memory.OutOfMemoryError:
             free, total = cp.cuda.runtime.memGetInfo()
-            raise KilnError(f"{self.pkg}: out of GPU memory allocating the {what}: asked {nbytes} bytes, "
-                            f"{free} of {total} bytes free") from None
+            raise KilnError(f"{self.pkg}: out of GPU memory allocating the {what}: asked {nbytes} bytes "
+                            f"(+ {2 * self.guard} of guard zones), {free} of {total} bytes free") from None
+
+    def guards_clean(self):
+        """True when nothing wrote into the guard zones around the arena and the weights."""
+        g = self.guard
+        zones = [(self._arena_raw, 0xFF), (self._weights_raw, 0)]
+        with self.stream:
+            ok = [bool((r[:g] == v).all()) and bool((r[r.size - g:] == v).all()) for r, v in zones]
+        return all(ok)
 
     def _arg(self, a):
         cp = self.cp
@@ -118,7 +141,7 @@ class CudaRunner:
             if k not in by:
                 raise KilnError(f"package has no weight {k!r}")
             w = by[k]
-            self.weights[w.offset:w.offset + w.bytes].set(storage_bytes(v, w.dtype, w.shape))
+            self.weights[w.offset:w.offset + w.bytes].set(storage_bytes(v, w.dtype, w.shape), stream=self.stream)
 
     def _launch_all(self):
         for k, L, args in self._plan:
@@ -130,13 +153,24 @@ class CudaRunner:
                                       f"{type(e).__name__}: {e}") from None
 
     def capture(self):
-        """Record the whole launch sequence as one CUDA graph; later calls replay it."""
+        """Record the whole launch sequence as one CUDA graph; later calls replay it. One plain
+        run first (module loading and lazy initialisation must not happen during capture); a
+        capture that fails leaves no graph, and calls go on launching kernel by kernel."""
+        self.graph = None
+        self._launch_all()
+        self.stream.synchronize()
         with self.stream:
             self.stream.begin_capture()
             try:
                 self._launch_all()
-            finally:
-                self.graph = self.stream.end_capture()
+            except BaseException:
+                try:
+                    self.stream.end_capture()
+                except Exception:   # noqa: BLE001 - the launch error is the one to report
+                    pass
+                raise
+            graph = self.stream.end_capture()
+        self.graph = graph
         return self
 
     def upload(self, inputs):

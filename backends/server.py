@@ -64,6 +64,7 @@ class CudaOptions:
     params: dict | None = None       # parameter values to put in the weights blob
     interpret: bool = False          # run() executes the launch plan on the CPU (no GPU needed)
     capture: bool = False            # run() replays the launches as one captured CUDA graph
+    check: bool | None = None        # NVRTC + ptxas compile of the package (None: when installed)
 
 
 @dataclasses.dataclass
@@ -126,7 +127,7 @@ class CudaBackend:
         o = parse_options(self, options)
         g = float_graph(graph, self.name)
         out = o.out_dir or tempfile.mkdtemp(prefix="kiln-cuda-")
-        cuda.compile(g, out, arch=o.arch, dtype=o.dtype, with_updates=o.with_updates, params=o.params)
+        cuda.compile(g, out, arch=o.arch, dtype=o.dtype, with_updates=o.with_updates, params=o.params, check=o.check)
         return self.load(out, interpret=o.interpret, capture=o.capture)
 
     def load(self, path, interpret=False, capture=False) -> CudaPackage:

@@ -75,11 +75,13 @@ def kiln_case(name, batch, train, arch, dtype, workdir, iters):
     r = CudaRunner(pkg)
     got = r(*inputs)
     want = executor.run(g, *inputs)
-    tol = 1e-4 if dtype == "float32" else 5e-2
+    tol = cuda.TOLERANCE[dtype]
     err = max(float(np.max(np.abs(a - b) / (1 + np.abs(b)))) for a, b in zip(got, want))
     if err > tol:
         raise AssertionError(f"{name} batch {batch} ({'train' if train else 'infer'}): Kiln CUDA differs from "
                              f"NumPy by {err:.2e} > {tol}")
+    if not r.guards_clean():
+        raise AssertionError(f"{name} batch {batch}: a kernel wrote into a guard zone of the arena or weights")
     r.capture()
     return r.time_ms(*inputs, iters=iters), err, inputs
 

@@ -31,6 +31,11 @@ class Target:
     atol: float = 1e-5          # float comparison tolerance when not exact
     description: str = ""
     multi_io: bool = True       # runner takes/returns tuples of arrays (several inputs/outputs)
+    tolerance_for: Callable | None = None   # (model, options) -> atol, when it depends on them
+
+    def tolerance(self, model=None, options=None):
+        """The float tolerance for ``model`` run with ``options`` (e.g. a float16 CUDA package's)."""
+        return self.tolerance_for(model, options or {}) if self.tolerance_for else self.atol
 
 
 def _shaped(graph, samples):
@@ -90,9 +95,23 @@ def _cuda_package(model, options, interpret):
                                         "capture": options.get("capture", False)})
 
 
+def cuda_tolerance(model, options):
+    """A CUDA package's tolerance follows its storage dtype (a package folder's, or --dtype)."""
+    from kiln.backends.cuda_plan import load_manifest, tolerance  # TVM
+    p = os.fspath(model) if model is not None else ""
+    return tolerance(load_manifest(p).dtype if p and is_package(p) else options.get("dtype", "float32"))
+
+
 def run_cuda(model, samples, options):
     pkg = _cuda_package(model, options, interpret=False)
     return [tuple(pkg.run(*xs)) for xs in samples]
+
+
+def run_cuda_sim(model, samples, options):
+    from kiln.backends.cuda_sim import Simulator  # TVM (OpenCL lowering), pyopencl
+    pkg = _cuda_package(model, options, interpret=True)
+    sim = Simulator(pkg.path)
+    return [tuple(sim(*pkg._inputs(xs, None))) for xs in samples]
 
 
 def run_cuda_plan(model, samples, options):
@@ -106,9 +125,11 @@ BACKEND_TARGETS = {t.name: t for t in (
     Target("host", run_host, exact=True, atol=1e-5, description="C package compiled by host gcc, run through ctypes"),
     Target("host-llvm", run_host_llvm, exact=False, atol=1e-5,
            description="float graph compiled by TVM (LLVM) for this CPU"),
-    Target("cuda", run_cuda, exact=False, atol=1e-4,
+    Target("cuda", run_cuda, exact=False, atol=1e-4, tolerance_for=cuda_tolerance,
            description="CUDA package (TVM-generated .cu + launch plan) run with CuPy/NVRTC"),
-    Target("cuda-plan", run_cuda_plan, exact=False, atol=1e-5,
+    Target("cuda-sim", run_cuda_sim, exact=False, atol=1e-4, tolerance_for=cuda_tolerance,
+           description="CUDA package's scheduled kernels and launch plan run on the CPU with OpenCL (pocl)"),
+    Target("cuda-plan", run_cuda_plan, exact=False, atol=1e-5, tolerance_for=cuda_tolerance,
            description="CUDA package's launch plan executed on the CPU (no GPU needed)"),
 )}
 

@@ -2,6 +2,7 @@
 # Idempotent set-up for Kiln on a fresh Debian machine:
 #   - apt packages (only when missing): gcc-arm-none-eabi, libnewlib-arm-none-eabi, qemu-system-arm
 #     (and ser2net with --test: labgrid's exporter uses it in the board-farm tests)
+#     (--test also pocl-opencl-icd and ocl-icd-libopencl1: OpenCL on the CPU for cuda-sim)
 #   - a virtualenv at .venv with Kiln (distribution kiln-ml) installed in editable mode, its
 #     dependencies at the exact versions locked in constraints.txt (pyproject.toml has the ranges)
 #   - the QEMU instruction-counting plugin (built into .venv/share/kiln)
@@ -20,6 +21,11 @@ command -v arm-none-eabi-gcc >/dev/null || need_apt+=(gcc-arm-none-eabi)
 command -v qemu-system-arm >/dev/null || need_apt+=(qemu-system-arm)
 # ser2net: labgrid's exporter serves serial ports over RFC 2217 with it (the board-farm tests)
 [ "${1:-}" = "--test" ] && { command -v ser2net >/dev/null || [ -x /usr/sbin/ser2net ] || need_apt+=(ser2net); }
+# cuda-sim: CUDA packages' kernels run on the CPU through OpenCL (tests; pyopencl comes with [test])
+if [ "${1:-}" = "--test" ]; then
+  ls /etc/OpenCL/vendors/pocl*.icd >/dev/null 2>&1 || need_apt+=(pocl-opencl-icd)
+  ls /usr/lib/*/libOpenCL.so.1 >/dev/null 2>&1 || need_apt+=(ocl-icd-libopencl1)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   say "installing apt packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo

@@ -3,11 +3,12 @@ host), or with --target cuda to a CUDA package (.cu sources, launch plan, weight
 The backend comes from the one registry (kiln.backends): a C target is the ``c`` backend."""
 from __future__ import annotations
 
+import json
 import os
 import time
 
 from kiln import hil
-from kiln.backends import TARGETS, get_backend
+from kiln.backends import TARGETS, get_backend, nvrtc
 from kiln.backends.manifest import FILE
 from kiln.commands import add_optimize_argument
 from kiln.frontend import load_model, save
@@ -62,4 +63,12 @@ def _run_cuda(args):
     rep["text"] = (f"compiled {graph.name} for cuda ({args.arch}, {args.dtype}) -> {args.out}\n"
                    f"  {rep['launches']} launches of {rep['kernels']} kernels, arena {rep['arena_bytes']} B, weights {rep['weight_bytes']} B, "
                    f"{rep['compile_seconds']} s")
+    res_file = os.path.join(args.out, "resources.json")
+    if os.path.exists(res_file):   # NVRTC + ptxas -v per kernel (backends/nvrtc.py)
+        with open(res_file) as f:
+            rep["resources"] = json.load(f)
+        rep["text"] += "\n" + nvrtc.table(rep["resources"])
+    else:
+        rep["resources"] = None
+        rep["text"] += f"\n  not compiled with NVRTC (not installed: pip install {nvrtc.PIP})"
     return rep

@@ -369,13 +369,13 @@ def _run_target(args):
                    "package": os.path.join(build.path, "cuda_package"), "capture": True}
         outs = run_target(t, args.model, samples.inputs, options)
     ref = run_reference(graph, samples.inputs)
-    err, ok = 0.0, True
+    err, ok, atol = 0.0, True, t.tolerance(args.model, options)
     for got, want in zip(outs, ref):
         for a, b in zip(got, want):
             d = np.abs(np.asarray(a, np.float64).reshape(-1) - np.asarray(b, np.float64).reshape(-1))
             err = max(err, float(d.max(initial=0.0)))
-            ok &= bool((d == 0).all()) if t.exact and np.asarray(b).dtype.kind in "iu" else bool((d <= t.atol).all())
-    rule = "bit-exact (integer outputs)" if t.exact else f"within atol {t.atol:g}"
+            ok &= bool((d == 0).all()) if t.exact and np.asarray(b).dtype.kind in "iu" else bool((d <= atol).all())
+    rule = "bit-exact (integer outputs)" if t.exact else f"within atol {atol:g}"
     return {"ok": ok and len(outs) == len(ref), "target": args.target, "samples": len(samples), "max_abs_err": err,
             "comparison": rule, "build": build.kept,
             "text": f"{len(samples)} samples on {args.target}: max |err| vs NumPy reference {err:.3g} ({rule})"}

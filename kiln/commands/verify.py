@@ -66,6 +66,8 @@ def verify(model, golden, target, atol=None, max_report=10, options=None, keep=F
         options.setdefault("package", os.path.join(build.path, "cuda_package"))
         outs = run_target(t, model, [p[0] for p in pairs], options)
     elapsed = time.time() - t0
+    if atol is None:
+        atol = t.tolerance(model, options)
     results = []
     for k, ((_, wants), gots) in enumerate(zip(pairs, outs)):
         if len(gots) != len(wants):
@@ -75,7 +77,7 @@ def verify(model, golden, target, atol=None, max_report=10, options=None, keep=F
         per = []
         for j, (got, want) in enumerate(zip(gots, wants)):
             exact = t.exact and want.dtype.kind in "iu"
-            r = compare(got, want, exact, atol if atol is not None else t.atol, max_report)
+            r = compare(got, want, exact, atol, max_report)
             r["output"] = j
             if len(wants) > 1:
                 for m in r["mismatches"]:
@@ -95,7 +97,7 @@ def verify(model, golden, target, atol=None, max_report=10, options=None, keep=F
     ok = all(r["match"] for r in results) and len(outs) == len(pairs)
     return {"ok": ok, "model": str(model), "golden": str(golden), "target": target, "pairs": len(pairs),
             "matched": sum(r["match"] for r in results), "seconds": round(elapsed, 3),
-            "comparison": "bit-exact (integer outputs)" if t.exact else f"within atol {atol if atol is not None else t.atol}",
+            "comparison": "bit-exact (integer outputs)" if t.exact else f"within atol {atol}",
             "build": build.kept, "results": results}
 
 

@@ -177,3 +177,34 @@ def test_gpu_float16_close_to_numpy(tmp_path):
     fwd, _, x, _ = make("cnn", batch=64)
     r = CudaRunner(cuda.compile(fwd, str(tmp_path / "h"), dtype="float16"))
     np.testing.assert_allclose(r(x)[0], executor.run(fwd, x)[0], rtol=3e-2, atol=3e-2)
+
+
+SANITIZE = """
+import sys, numpy as np
+from kiln.backends.cuda_runner import CudaRunner
+from tests.backends.server_models import make
+fwd, step, x, t = make("cnn", batch=4)
+r = CudaRunner(sys.argv[1])
+r(x, t)
+r.capture()(x, t)
+assert r.guards_clean()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "initcheck"])
+def test_compute_sanitizer(tmp_path, tool):
+    """The CNN training step under compute-sanitizer: no out-of-bounds access, no shared-memory
+    race, no read of uninitialised device memory."""
+    import shutil
+    import subprocess
+    import sys
+    exe = shutil.which("compute-sanitizer")
+    if exe is None:
+        pytest.skip("compute-sanitizer not on PATH (CUDA toolkit)")
+    _, step, _, _ = make("cnn", batch=4)
+    pkg = cuda.compile_train_step(step, str(tmp_path / "step"))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.run([exe, "--tool", tool, "--error-exitcode", "3", sys.executable, "-c", SANITIZE, pkg],
+                       capture_output=True, text=True, cwd=root)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

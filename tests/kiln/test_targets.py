@@ -30,9 +30,9 @@ def mlp_files(tmp_path_factory):
 
 
 def test_target_names():
-    assert list(BACKEND_TARGETS) == ["reference", "host", "host-llvm", "cuda", "cuda-plan"]
+    assert list(BACKEND_TARGETS) == ["reference", "host", "host-llvm", "cuda", "cuda-sim", "cuda-plan"]
     assert "mps2-an386" in target_names() and get_target("mps2-an386").exact
-    with pytest.raises(kiln.KilnError, match=r"unknown target 'nowhere'; available: cuda, cuda-plan, host"):
+    with pytest.raises(kiln.KilnError, match=r"unknown target 'nowhere'; available: cuda, cuda-plan, cuda-sim, host"):
         get_target("nowhere")
 
 
@@ -59,3 +59,14 @@ def test_run_an_int8_model_on_the_host_is_bit_exact(capsys, shared_models):
 def test_run_unknown_target_is_a_usage_error(capsys, mlp_files):
     rc, rep = _json(capsys, ["run", mlp_files[0], "--target", "tpu", "--json"])
     assert rc == 2 and "--target 'tpu'" in rep["error"] and "host-llvm" in rep["error"]
+
+
+def test_cuda_tolerance_follows_the_package_dtype(capsys, tmp_path, mlp_files):
+    """A float16 package is compared within float16's tolerance (1e-4 always failed it)."""
+    model, golden = mlp_files
+    pkg = str(tmp_path / "pkg16")
+    assert main(["compile", model, "--target", "cuda", "--dtype", "float16", "-o", pkg]) == 0
+    capsys.readouterr()
+    assert get_target("cuda-plan").tolerance(pkg) == 3e-2 and get_target("cuda").tolerance(model) == 1e-4
+    rc, rep = _json(capsys, ["verify", pkg, "--golden", golden, "--target", "cuda-plan", "--json"])
+    assert rc == 0 and rep["ok"] and rep["comparison"] == "within atol 0.03", rep

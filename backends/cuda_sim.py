@@ -1,0 +1,180 @@
+"""cuda-sim: a CUDA package's GPU schedules executed for real on the CPU, with OpenCL (pocl).
+
+The package's DLight-scheduled TIR (``scheduled.json``) is lowered with the same passes as for
+CUDA but for TVM's OpenCL target, so every kernel keeps its name, parameter order, tiling, thread
+mapping and shared-memory staging. The package's own launch plan then runs on pocl's CPU device:
+each launch with its grid and block (global size = grid x block, local size = block) and its
+arguments at their arena and weights offsets. The arena is filled with 0xFF bytes (NaN in
+float32/float16/bfloat16) and the arena and weights blob each sit between two guard zones
+(cuda_plan.guard_bytes) that must stay untouched. What differs from the GPU: cross-thread
+reductions use shared memory instead of warp shuffles (OpenCL has none), so warp shuffles are
+not executed. Needs pyopencl and an OpenCL CPU driver (Debian: pocl-opencl-icd); float16 and
+bfloat16 packages need a device with cl_khr_fp16, which Debian 12's pocl 3.1 on x86 lacks.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from kiln.frontend.errors import KilnError
+
+from .cuda_plan import (
+    DTYPES,
+    expand_inputs,
+    from_storage,
+    guard_bytes,
+    load_manifest,
+    storage_bytes,
+    to_storage,
+)
+
+
+class SimUnavailable(KilnError):
+    """No OpenCL CPU device (pocl) or no pyopencl."""
+
+
+class GuardViolation(KilnError):
+    """A kernel wrote outside the arena or into the weights."""
+
+
+def opencl_target():
+    import tvm
+    return tvm.target.Target({"kind": "opencl", "max_shared_memory_per_block": 48 * 1024, "max_threads_per_block": 1024,
+                              "max_num_threads": 1024, "thread_warp_size": 1}, host="llvm")
+
+
+def opencl_source(pkg):
+    """OpenCL C of the package's scheduled kernels (cached as kernels.cl in the package)."""
+    import tvm
+    from tvm.tirx.compilation_pipeline import finalize_device_passes
+
+    from .cuda import _lower
+    path = os.path.join(pkg, "kernels.cl")
+    if os.path.exists(path):
+        with open(path) as f:
+            return f.read()
+    sched_file = os.path.join(pkg, "scheduled.json")
+    if not os.path.exists(sched_file):
+        raise KilnError(f"{pkg}: no scheduled.json (a package from an older Kiln: compile it again)")
+    with open(sched_file) as f:
+        sched = tvm.ir.load_json(f.read())
+    names = {gv.name_hint for gv in sched.functions}
+    low = _lower(sched, opencl_target())
+    kernels = {gv: f for gv, f in low.functions.items() if gv.name_hint not in names}
+    d = dict(opencl_target().export())
+    d.pop("host", None)
+    src = tvm.get_global_func("target.build.opencl")(finalize_device_passes()(tvm.IRModule(kernels)),
+                                                      tvm.target.Target(d)).inspect_source()
+    with open(path, "w") as f:
+        f.write(src)
+    return src
+
+
+def _context():
+    try:
+        import pyopencl as cl
+    except ImportError as e:
+        raise SimUnavailable(f"cuda-sim needs pyopencl (pip install pyopencl) and pocl "
+                             f"(apt install pocl-opencl-icd): {e}") from None
+    try:
+        devs = [d for p in cl.get_platforms() for d in p.get_devices(cl.device_type.CPU)]
+    except cl.Error as e:
+        raise SimUnavailable(f"no OpenCL platform (apt install pocl-opencl-icd): {e}") from None
+    if not devs:
+        raise SimUnavailable("no OpenCL CPU device (apt install pocl-opencl-icd)")
+    return cl, cl.Context([devs[0]])
+
+
+class Simulator:
+    """One package on pocl: ``Simulator(pkg)(x)`` -> outputs; ``guards_clean()`` after a run."""
+
+    def __init__(self, pkg):
+        self.pkg, self.m = pkg, load_manifest(pkg)
+        self.cl, self.ctx = _context()
+        dev = self.ctx.devices[0]
+        if self.m.dtype != "float32" and "cl_khr_fp16" not in dev.extensions:
+            raise SimUnavailable(f"{pkg}: a {self.m.dtype} package needs an OpenCL device with cl_khr_fp16; "
+                                 f"{dev.platform.version} on {dev.name} has none (cuda-sim runs float32 packages here)")
+        self.queue = self.cl.CommandQueue(self.ctx)
+        try:
+            self.prog = self.cl.Program(self.ctx, opencl_source(pkg)).build()
+        except self.cl.Error as e:
+            raise KilnError(f"{pkg}: pocl could not build the OpenCL kernels: {str(e)[:2000]}") from None
+        self.guard = guard_bytes(self.m)
+        self.kernels = {k: getattr(self.prog, k) for k in self.m.kernels}
+        weights = np.zeros(self.m.weights_bytes + 2 * self.guard, np.uint8)
+        weights[self.guard:self.guard + self.m.weights_bytes] = np.fromfile(os.path.join(pkg, self.m.weights_file),
+                                                                            np.uint8)
+        self.weights_host = weights
+        mf = self.cl.mem_flags
+        self.weights = self.cl.Buffer(self.ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=weights)
+        self.arena = self.cl.Buffer(self.ctx, mf.READ_WRITE, self.m.arena_bytes + 2 * self.guard)
+        self._subs = {}
+
+    def _arg(self, a):
+        if a.scalar is not None:
+            return getattr(np, a.dtype)(a.scalar) if hasattr(np, a.dtype) else np.int32(a.scalar)
+        key = (a.space, a.offset, a.bytes)
+        if key not in self._subs:
+            buf = self.arena if a.space == "arena" else self.weights
+            self._subs[key] = buf.get_sub_region(self.guard + a.offset, max(a.bytes, 1))
+        return self._subs[key]
+
+    def set_params(self, params):
+        by = {w.name: w for w in self.m.weights}
+        for k, v in params.items():
+            if k not in by:
+                raise KilnError(f"package has no weight {k!r}")
+            w = by[k]
+            self.weights_host[self.guard + w.offset:self.guard + w.offset + w.bytes] = \
+                to_storage(np.asarray(v), w.dtype).view(np.uint8).ravel()
+        self.cl.enqueue_copy(self.queue, self.weights, self.weights_host)
+
+    def __call__(self, *inputs):
+        cl, m = self.cl, self.m
+        arena = np.full(m.arena_bytes + 2 * self.guard, 0xFF, np.uint8)
+        for spec, x in zip(m.inputs, expand_inputs(m, inputs)):
+            arena[self.guard + spec.offset:self.guard + spec.offset + spec.bytes] = storage_bytes(x, spec.dtype,
+                                                                                                  spec.shape)
+        cl.enqueue_copy(self.queue, self.arena, arena)
+        for st in m.steps:
+            for L in st.launches:
+                k = self.kernels[L.kernel]
+                k.set_args(*[self._arg(a) for a in L.args])
+                gsize = tuple(int(g * b) for g, b in zip(L.grid, L.block))
+                cl.enqueue_nd_range_kernel(self.queue, k, gsize, tuple(int(b) for b in L.block))
+        cl.enqueue_copy(self.queue, arena, self.arena)
+        weights = np.empty_like(self.weights_host)
+        cl.enqueue_copy(self.queue, weights, self.weights)
+        self.queue.finish()
+        self.last_arena, self.last_weights = arena, weights
+        self.check_guards()
+        return [self._value(arena, o) for o in m.outputs]
+
+    def _value(self, arena, o):
+        src = arena if o.space == "arena" else self.last_weights
+        raw = src[self.guard + o.offset:self.guard + o.offset + o.bytes].tobytes()
+        return np.array(from_storage(raw, o.dtype, o.shape), dtype=np.float32 if o.dtype in DTYPES else None)
+
+    def updates(self):
+        return {u.name: self._value(self.last_arena, u) for u in self.m.updates}
+
+    def check_guards(self):
+        """Raise GuardViolation when a kernel wrote into a guard zone or into the weights blob."""
+        g, a = self.guard, self.last_arena
+        bad = []
+        if not ((a[:g] == 0xFF).all() and (a[a.size - g:] == 0xFF).all()):
+            bad.append("a guard zone of the arena")
+        if not np.array_equal(self.last_weights, self.weights_host):
+            bad.append("the weights blob or its guard zones")
+        if bad:
+            raise GuardViolation(f"{self.pkg}: a kernel wrote into {' and '.join(bad)}")
+
+
+def run(pkg, inputs, params=None):
+    """Outputs of the package on pocl (float32/NumPy arrays)."""
+    s = Simulator(pkg)
+    if params:
+        s.set_params(params)
+    return s(*inputs)
