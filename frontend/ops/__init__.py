@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     detection,
     dynamic,
     elementwise,
+    elementwise_int16,
     elementwise_int8,
     elementwise_tflite,
     gather,

@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import fixedpoint as fp
 from ..errors import ShapeError
+from ..registry import get_op
 from .int8util import per_tensor
 
 QMIN16, QMAX16 = -32768, 32767
@@ -228,3 +229,21 @@ def softmax16_rows(x, input_scale, beta=1.0):
     right = 31 - h
     y = (e * recip + (np.int64(1) << (right - 1))) >> right
     return np.clip(y, 0, 32767).astype(np.int16)
+
+
+def int16_branch(op_name, rule16):
+    """Give op ``op_name`` an int16 branch: its ``int8_ref`` (Kiln's one quantised-reference slot)
+    calls ``rule16`` when input 0 is int16 and the rule it had otherwise."""
+    op = get_op(op_name)
+    prev = op.int8_ref
+
+    def rule(xs, attrs, in_types, out_type):
+        if is_int16(in_types[0]) or is_int16(out_type):
+            return rule16(xs, attrs, in_types, out_type)
+        if prev is None:
+            raise ShapeError(f"{op_name}: no int8 reference (its int16 branch takes int16 operands)")
+        return prev(xs, attrs, in_types, out_type)
+    rule.__name__ = f"{op_name}_int8_or_int16"
+    rule.int16 = rule16
+    op.int8_ref = rule
+    return rule16
