@@ -8,28 +8,38 @@ import numpy as np
 from tvm import te, tirx
 
 from kiln.frontend.ops.elementwise import ADD_LEFT_SHIFT_16
-from kiln.frontend.ops.elementwise_int16 import sub16_params
 from kiln.frontend.ops.elementwise_int8 import leaky_params
+from kiln.frontend.ops.elementwise_int16 import sub16_params
+from kiln.frontend.ops.nn import conv_geometry
+from kiln.frontend.ops.transpose_conv import _cgi_attrs
 from kiln.frontend.registry import OPS
 
-from . import qmath
+from . import ops_elementwise, ops_misc, ops_nn, ops_shape, qmath  # noqa: F401  (their rules first: int16_first wraps them)
 from .lower import BACKEND, PENDING, lower_rule
 from .ops_elementwise import _load, _out_shape
+from .ops_nn import _bias64, requant16_epilogue
 from .qmath import c
 
 QMIN16, QMAX16 = -32768, 32767
 
 
-def int16_first(op_name):
-    """Decorator: ``fn(k, node, xs)`` lowers ``op_name`` when its input 0 or output is a quantised
-    int16 tensor; any other node goes to the rule registered before (or the TE compute)."""
+def _is16(t):
+    return t.dtype == "int16" and t.quant is not None
+
+
+def int16_first(op_name, claims=None, hints=True):
+    """Decorator: ``fn(k, node, xs)`` lowers ``op_name`` when ``claims(input 0 type, output type)``
+    (default: either is a quantised int16 tensor); any other node goes to the rule registered
+    before (or the TE compute). ``hints``: the op's usual in-place hints (element-wise ops)."""
+    claims = claims or (lambda t0, ty: _is16(t0) or _is16(ty))
+
     def deco(fn):
         prev = OPS[op_name].lower.get(BACKEND) if op_name in OPS else PENDING.get(op_name)
 
         def rule(k, node, xs):
-            t0, ty = k.type(node.inputs[0]), k.type(node.name)
-            if (t0.dtype == "int16" and t0.quant is not None) or (ty.dtype == "int16" and ty.quant is not None):
-                k.inplace_hints_of_op()
+            if claims(k.type(node.inputs[0]), k.type(node.name)):
+                if hints:
+                    k.inplace_hints_of_op()
                 return fn(k, node, xs)
             return prev(k, node, xs) if prev is not None else None
         rule.__name__ = f"lower_{op_name}_int16_first"
@@ -84,3 +94,65 @@ def lower_leaky_relu16(k, node, xs):
         return qmath.let("v", x(*i).astype("int32") - c(zi), lambda v: _clamp16(tirx.Select(
             v >= c(0), qmath.mbqm(v, c(mi), ei), qmath.mbqm(v, c(ma), ea)) + c(zo)))
     return te.compute(_out_shape(ty), body, name="leaky_relu16")
+
+
+# ---- transpose_conv2d 16x8: reference_integer_ops::TransposeConv<int64_t> ----------------------------
+@int16_first("transpose_conv2d", hints=False)
+def lower_transpose_conv16(k, node, xs):
+    """Each output gathers the taps TFLite's scatter adds to it: out[oy] += x[iy] * w[ky] where
+    oy = iy * stride - pad + ky. int32 accumulation where constant weights bound the sum below
+    2^31 (the value TFLite's int64 scratch holds), int64 otherwise."""
+    x, w = xs[0], xs[1]
+    tx, tw, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
+    if not _is16(tx) or not _is16(ty) or tw.dtype != "int8" or tw.quant is None:
+        k.fail(f"16x8 transpose_conv2d needs quantised int16 input and output and int8 weights, got {tx}, {tw}, {ty}")
+    if any(z != 0 for z in tw.quant.zero_point) or int(tx.quant.zero_point[0]) != 0:
+        k.fail("16x8 kernels need symmetric weights and an input zero point of 0 (TFLite)")
+    O, KH, KW, I = tw.shape
+    G = conv_geometry(tuple(ty.shape), (I, KH, KW, O), _cgi_attrs(node.attrs))
+    sh, sw, pt, pl, H, W = G["sh"], G["sw"], G["pt"], G["pl"], tx.shape[1], tx.shape[2]
+    wv = k.value(node.inputs[1])
+    wide = wv is None or (np.abs(np.asarray(wv, np.int64)).reshape(O, -1).sum(axis=1) * 32768).max() >= 2 ** 31
+    adt = "int64" if wide else "int32"
+    ky, kx, kc = te.reduce_axis((0, KH), "ky"), te.reduce_axis((0, KW), "kx"), te.reduce_axis((0, I), "kc")
+
+    def tap(n, oy, ox, o):
+        ty_, tx_ = oy + c(pt) - ky, ox + c(pl) - kx
+        iy, ix = tirx.floordiv(ty_, c(sh)), tirx.floordiv(tx_, c(sw))
+        ok = tirx.all(tirx.floormod(ty_, c(sh)) == c(0), tirx.floormod(tx_, c(sw)) == c(0),
+                      iy >= c(0), iy < c(H), ix >= c(0), ix < c(W))
+        prod = x[n, iy, ix, kc].astype("int32").astype(adt) * w[o, ky, kx, kc].astype("int32").astype(adt)
+        return tirx.if_then_else(ok, prod, tirx.const(0, adt))
+    acc = te.compute(ty.shape, lambda n, oy, ox, o: te.sum(tap(n, oy, ox, o), axis=[ky, kx, kc]), name="tacc")
+    if not wide:
+        acc = te.compute(acc.shape, lambda *i: acc(*i).astype("int64"), name="tacc64")
+    bias = _bias64(k, node, O)
+    if bias is not None:
+        acc = te.compute(acc.shape, lambda n, oy, ox, o: acc[n, oy, ox, o] + bias(o), name="tbias")
+    k.macs(int(np.prod(tx.shape)) * KH * KW * O)
+    mult, shift = qmath.linear_requant(tx, tw, ty, O)
+    return requant16_epilogue(k, acc, mult, shift, ty, lambda idx: idx[3], node.attrs["activation"])
+
+
+# ---- quantize with an int32 side: reference_ops::Requantize (TFLite Micro) ---------------------------
+def _int32_side(tx, ty):
+    return "int32" in (tx.dtype, ty.dtype) and tx.quant is not None and ty.quant is not None
+
+
+@int16_first("quantize", claims=_int32_side, hints=False)
+def lower_quantize_int32(k, node, xs):
+    """int32 -> int8/int16 and int8/int16 -> int32: (x - z_in) times the multiplier of
+    s_in / s_out (double), + z_out, clamped to the output type."""
+    tx, ty = k.type(node.inputs[0]), k.type(node.name)
+    if tx.dtype not in ("int8", "int16", "int32") or ty.dtype not in ("int8", "int16", "int32") or \
+            tx.dtype == ty.dtype == "int32":
+        k.fail(f"quantize {tx} -> {ty}: TFLite Micro requantises int32 to int8/int16 and int8/int16 to int32")
+    (si, zi), (so, zo) = _sz(tx), _sz(ty)
+    m, sh = qmath.quantize_multiplier(si / so)
+    lo, hi = int(np.iinfo(ty.dtype).min), int(np.iinfo(ty.dtype).max)
+    x = xs[0]
+
+    def body(*i):
+        v = qmath.mbqm(x(*i).astype("int32") - c(zi), c(m), sh) + c(zo)
+        return v if ty.dtype == "int32" else qmath.clamp(v, lo, hi).astype(ty.dtype)
+    return te.compute(_out_shape(ty), body, name="requantize32")

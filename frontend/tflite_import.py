@@ -300,7 +300,7 @@ class _Importer:
             t = self.tensors[i]
             if t["data"] is not None:
                 raise self.err(f"graph input {self.label(i)} holds constant data; an input is fed at run time")
-            if t["dtype"] != "int32":          # int32 inputs: indices (GATHER, DYNAMIC_UPDATE_SLICE starts)
+            if t["dtype"] != "int32":          # int32 inputs: indices (GATHER, DYNAMIC_UPDATE_SLICE starts), QUANTIZE, TRANSPOSE_CONV's shape
                 self.activation_type(i, "graph input")
             self.values[i] = self.g.add_input(self._vname(t["name"]), self._ttype(i))
         self._run_ops()

@@ -161,21 +161,34 @@ register("fake_quant", attrs={"scale": Attr("any", (1.0,)), "zero_point": Attr("
 
 # ---- TFLite import ----------------------------------------------------------
 # QUANTIZE, DEQUANTIZE (of a constant: folded into a float32 constant)
+def _quantize_operand(imp, k, i):
+    """QUANTIZE's input: an operand, or a quantised int32 tensor (TFLite Micro requantises int32 to
+    int8 or int16)."""
+    t = imp.tensors[i]
+    if t["dtype"] != "int32":
+        return imp.operand(i, k, "QUANTIZE")
+    if t["quant"] is None:
+        raise imp.err(f"{tfl.where(k, 'QUANTIZE')}: int32 input {imp.label(i)} has no quantisation parameters; "
+                      f"TFLite's QUANTIZE requantises quantised int32 tensors only")
+    return imp.value(i, k, "QUANTIZE")
+
+
 @tfl.importer("QUANTIZE")
 def _tfl_quantize(imp, k, op, ins, out):
     name = "QUANTIZE"
     w = tfl.where(k, name)
     tfl.need(imp, k, name, ins, 1)
     tfl.options(imp, k, op, name, "QuantizeOptions")
-    x = imp.operand(ins[0], k, name)
+    x = _quantize_operand(imp, k, ins[0])
     ot = imp.tensors[out]
-    int32_out = ot["dtype"] == "int32" and imp.g.types[x].dtype == "int16"   # TFLite's int16 -> int32 requantise
-    if ot["dtype"] not in ("int8", "int16") and not int32_out:
-        raise imp.err(f"{w}: output {imp.label(out)} is {ot['dtype']}; Kiln's QUANTIZE produces int8 or int16 "
-                      f"(or int32 from int16)")
+    if ot["dtype"] not in ("int8", "int16", "int32"):
+        raise imp.err(f"{w}: output {imp.label(out)} is {ot['dtype']}; Kiln's QUANTIZE produces int8, int16 or int32")
     chk.per_tensor(imp.err, w, ot["quant"], f"output {imp.label(out)}")
     q = ot["quant"]
-    if imp.g.types[x].dtype in ("int8", "int16"):
+    if ot["dtype"] == "int32" and imp.g.types[x].dtype not in ("int8", "int16"):
+        raise imp.err(f"{w}: an int32 output needs an int8 or int16 input (TFLite Micro's requantisations), got "
+                      f"{imp.g.types[x].dtype}")
+    if imp.g.types[x].dtype in ("int8", "int16", "int32"):
         chk.ratio_quant(imp.err, w, imp.g.types[x].quant, q)
     attrs = {"scale": list(q.scale), "zero_point": list(q.zero_point), "dtype": ot["dtype"]}
     imp.values[out] = imp.emit(k, name, "quantize", [x], attrs, out)

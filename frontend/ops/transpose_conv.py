@@ -20,7 +20,8 @@ from ..errors import ShapeError
 from ..registry import LINEAR, QUANTIZABLE, REQUIRED, Attr, defrule, get_op, register
 from . import tflite_util as tfl
 from ._util import tt
-from .int8util import channel_params, clamp8, int8_io
+from .int8util import channel_params, clamp8, int8_io, need_int8
+from .int16util import clamp16, int16_branch, int16_io, mbqm64, symmetric16
 from .nn import ACT, act_grad, apply_act, conv2d_grad_input_ref, conv_geometry, conv_macs, requantize_params
 
 NAME = "TRANSPOSE_CONV"
@@ -117,6 +118,18 @@ def transpose_conv2d_int8(xs, attrs, in_types, out_type):
     return clamp8(y, lo, hi)
 
 
+def _output_shape(imp, k, i, out):
+    """TRANSPOSE_CONV's output_shape: the constant, or (a tensor computed at run time, e.g. a graph
+    input) the output tensor's static shape, which is all TFLite Micro reads."""
+    t = imp.tensors[i]
+    if i in imp.folded or t["data"] is not None:
+        return [int(v) for v in np.ravel(imp.const(i, k, NAME, "output_shape"))]
+    if t["dtype"] not in ("int32", "int64") or list(t["shape"]) != [4]:
+        raise imp.err(f"{tfl.where(k, NAME)}: output_shape {imp.label(i)} is {t['dtype']}{list(t['shape'])}; "
+                      f"TFLite needs an int32 tensor of 4 values")
+    return [int(v) for v in imp.tensors[out]["shape"]]
+
+
 @tfl.importer(NAME)
 def _tfl_transpose_conv(imp, k, op, ins, out):
     w = tfl.where(k, NAME)
@@ -126,7 +139,7 @@ def _tfl_transpose_conv(imp, k, op, ins, out):
         raise imp.err(f"{w} has no TransposeConvOptions (TFLite then reads strides of 0 and rejects it)")
     attrs = tfl.window_attrs(imp, k, name=NAME, o=o, dilated=False)
     attrs["activation"] = tfl.activation(imp, k, NAME, o.FusedActivationFunction())
-    attrs["output_shape"] = [int(v) for v in np.ravel(imp.const(ins[0], k, NAME, "output_shape"))]
+    attrs["output_shape"] = _output_shape(imp, k, ins[0], out)
     filt = imp.const(ins[1], k, NAME, "the filter")
     x = imp.operand(ins[2], k, NAME)
     xt, ft = imp.g.types[x], imp.tensors[ins[1]]
@@ -136,7 +149,9 @@ def _tfl_transpose_conv(imp, k, op, ins, out):
     has_bias = len(ins) == 4 and ins[3] >= 0
     if len(attrs["output_shape"]) != 4 or filt.ndim != 4:
         raise imp.err(f"{w}: output_shape {attrs['output_shape']} and filter {list(filt.shape)} must be 4-D")
-    if xt.dtype == "int8":
+    if xt.dtype == "int16":
+        symmetric16(imp.err, w, [("the input", xt.quant), ("the output", imp.tensors[out]["quant"])])
+    if xt.dtype in ("int8", "int16"):
         chk.conv_quant(imp.err, w, xt.quant, ft["quant"], imp.tensors[ins[3]]["quant"] if has_bias else None,
                        imp.tensors[out]["quant"], filt.shape, filt.shape[0], attrs["activation"], lambda axis: axis == 0)
     wname = imp._vname(ft["name"])
@@ -155,3 +170,26 @@ def _tfl_export_tc(e, n, act, out, int8):
     e.op(NAME, [oshape, ins[1], ins[0]] + ins[2:], [e.tensor(out, e.g.types[out])], "TransposeConvOptions", int8,
          Padding=tfl.PAD_CODES[a["padding"]], StrideW=a["stride"][1], StrideH=a["stride"][0],
          FusedActivationFunction=tfl.ACT_CODES[a["activation"]])
+
+
+# ---- int16 ----------------------------------------------------------------------------------------
+def transpose_conv2d_int16(xs, attrs, in_types, out_type):
+    """reference_integer_ops::TransposeConv, 16x8 (TFLite Micro): int16 input (zero point 0), int8
+    symmetric filter, the scatter of ``x * w`` accumulated in int64, + the int64 (or int32/int16)
+    bias, the int64 ``MultiplyByQuantizedMultiplier`` with the conv's per-channel multipliers, clamp."""
+    (s_in, _), (s_out, z_out) = int16_io(in_types[:1], out_type, "transpose_conv2d")
+    need_int8(in_types[1], "filter", "transpose_conv2d")
+    O = in_types[1].shape[0]
+    ws, wz, _ = channel_params(in_types[1], O, "transpose_conv2d")
+    if np.any(wz != 0):
+        raise ShapeError("transpose_conv2d: TFLite's 16x8 TRANSPOSE_CONV needs symmetric filters (zero point 0)")
+    acc = conv2d_grad_input_ref(xs[0].astype(np.int64), _ohwi(xs[1].astype(np.int64)), _cgi_attrs(attrs))
+    acc = np.asarray(acc).astype(np.int64)
+    if len(xs) == 3:
+        acc = acc + np.asarray(xs[2]).astype(np.int64)
+    mult, shift = requantize_params(s_in, ws, s_out)
+    lo, hi = fp.activation_range(attrs["activation"], s_out, z_out, -32768, 32767)
+    return clamp16(mbqm64(acc, mult, shift) + z_out, lo, hi)
+
+
+int16_branch("transpose_conv2d", transpose_conv2d_int16)
