@@ -32,6 +32,15 @@ def sub16_params(s1, s2, s_out):
     return fp.quantize_multiplier(r1), fp.quantize_multiplier(r2), fp.quantize_multiplier(r_out)
 
 
+def sub16_params_litert(s1, s2, s_out):
+    """LiteRT's formation of the same multipliers, in double (``double(scale) / twice_max``); the
+    seanet golden files follow it. Kiln follows TFLite Micro (``sub16_params``); see docs/int8_ir.md."""
+    twice = 2.0 * max(float(np.float32(s1)), float(np.float32(s2)))
+    r_out = twice / ((1 << ADD_LEFT_SHIFT_16) * float(np.float32(s_out)))
+    return (fp.quantize_multiplier(float(np.float32(s1)) / twice), fp.quantize_multiplier(float(np.float32(s2)) / twice),
+            fp.quantize_multiplier(r_out))
+
+
 def sub_int16(xs, attrs, in_types, out_type):
     (s1, z1), (s2, z2), (so, zo) = int16_io(in_types, out_type, "sub", 2, symmetric=False)
     (m1, e1), (m2, e2), (mo, eo) = sub16_params(s1, s2, so)
