@@ -1,0 +1,220 @@
+"""16x8 kernels added for TensorFlow Lite Micro's int16 models (SUB, LEAKY_RELU, TRANSPOSE_CONV,
+QUANTIZE with an int32 side): Kiln's int16 reference against LiteRT (BUILTIN_REF) bit for bit on
+random single-op models exported with Kiln's writer, the exported files imported back, and the C
+kernels against the reference on the host.
+
+SUB is the one op where TFLite Micro (which Kiln follows) and LiteRT form the multipliers
+differently (float32 and double, docs/int8_ir.md): LiteRT is checked against Kiln's arithmetic
+with LiteRT's multipliers, and the two formations are compared directly."""
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kiln.backends import compile as compile_pkg
+from kiln.frontend import TensorType, run
+from kiln.frontend.ops import elementwise_int16
+from kiln.frontend.tflite_import import load_tflite
+from kiln.quantize.tflite_export import export_tflite
+
+from .litert_util import assert_same, compare, q, single_op
+
+SETTINGS = dict(max_examples=int(os.environ.get("KILN_PROPERTY_EXAMPLES", 30)), deadline=None,
+                suppress_health_check=[HealthCheck.too_slow])
+log_scale = st.floats(-14.0, -2.0)
+
+
+def i16(rng, shape):
+    return rng.integers(-32768, 32768, size=shape, dtype=np.int64).astype(np.int16)
+
+
+def t16(shape, scale, zp=0):
+    return TensorType(tuple(shape), "int16", q(scale, zp))
+
+
+def _check(g, feeds, what):
+    got, want = compare(g, feeds)
+    assert_same(got, want, what)
+    back = load_tflite(export_tflite(g))
+    assert [n.op for n in back.nodes][-1] == g.nodes[-1].op
+    return got
+
+
+def _host(g, feeds, tmp_path):
+    pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
+    got = pkg.run(*feeds)
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    want = run(g, *feeds)[0]
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+# ---- SUB ------------------------------------------------------------------------------------------
+def _sub_graph(shape, s2, l1, l2, lo, zps=(0, 0, 0)):
+    return single_op("sub", [("a", t16(shape, 2.0 ** l1, zps[0]), None), ("b", t16(s2, 2.0 ** l2, zps[1]), None)],
+                     {}, q(2.0 ** lo, zps[2]), out_dtype="int16", out_shape=tuple(shape))
+
+
+@settings(**SETTINGS)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), bcast=st.booleans(), l1=log_scale, l2=log_scale,
+       lo=log_scale, seed=st.integers(0, 2 ** 31))
+def test_sub_16x8_against_litert(shape, bcast, l1, l2, lo, seed):
+    rng = np.random.default_rng(seed)
+    s2 = list(shape)
+    if bcast:
+        s2[-1] = 1
+    g = _sub_graph(shape, s2, l1, l2, lo)
+    feeds = [i16(rng, shape), i16(rng, s2)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(elementwise_int16, "sub16_params", elementwise_int16.sub16_params_litert)
+        _check(g, feeds, "sub 16x8 (LiteRT's multipliers)")
+
+
+def test_sub_16x8_multipliers_tflm_and_litert():
+    """TFLite Micro divides in float32 (``input->params.scale / twice_max_input_scale``), LiteRT
+    in double: equal for equal scales, apart in the low bits of the multiplier otherwise."""
+    same = elementwise_int16.sub16_params(1e-3, 1e-3, 2e-3)
+    assert same == elementwise_int16.sub16_params_litert(1e-3, 1e-3, 2e-3)
+    (m1, _), (m2, e2), _ = elementwise_int16.sub16_params(0.013618394, 8.116981e-06, 0.01061698)
+    (l1, _), (l2, f2), _ = elementwise_int16.sub16_params_litert(0.013618394, 8.116981e-06, 0.01061698)
+    f = np.float32
+    want = float(f(8.116981e-06) / (f(2) * f(0.013618394)))
+    assert (m2, e2) == elementwise_int16.fp.quantize_multiplier(want) and m1 == l1 == 1 << 30
+    assert e2 == f2 and m2 != l2
+
+
+def test_sub_16x8_zero_points(tmp_path):
+    """TFLite Micro's SUB takes any int16 zero points (LiteRT needs 0): within 1 of the real
+    difference, and host C equals the reference."""
+    rng = np.random.default_rng(1)
+    g = _sub_graph((2, 3, 7), (2, 1, 7), -9.5, -11.2, -9.0, zps=(5, -7, 3))
+    x = [i16(rng, (2, 3, 7)), i16(rng, (2, 1, 7))]
+    y = run(g, *x)[0]
+    s1, s2, so = (float(np.float32(s)) for s in (2.0 ** -9.5, 2.0 ** -11.2, 2.0 ** -9.0))
+    real = (s1 * (x[0].astype(np.float64) - 5) - s2 * (x[1].astype(np.float64) + 7)) / so + 3
+    assert np.abs(y - np.clip(np.round(real), -32768, 32767)).max() <= 1
+    _host(g, x, tmp_path)
+
+
+# ---- LEAKY_RELU -----------------------------------------------------------------------------------
+@settings(**SETTINGS)
+@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4), li=log_scale, ratio=st.floats(-3.0, 3.0),
+       alpha=st.floats(0.0, 2.0), seed=st.integers(0, 2 ** 31))
+def test_leaky_relu_16x8(shape, li, ratio, alpha, seed):
+    rng = np.random.default_rng(seed)
+    g = single_op("leaky_relu", [("x", t16(shape, 2.0 ** li), None)], {"alpha": alpha}, q(2.0 ** (li + ratio)),
+                  out_dtype="int16")
+    _check(g, [i16(rng, shape)], f"leaky_relu 16x8 alpha={alpha}")
+
+
+def _gemmlowp_mbqm(x, m, shift):
+    """MultiplyByQuantizedMultiplier(int32, int32, int) of TFLite Micro, one value, Python ints."""
+    ab = (x << max(shift, 0)) * m
+    nudge = (1 << 30) if ab >= 0 else 1 - (1 << 30)
+    high = abs(ab + nudge) >> 31
+    high = -high if ab + nudge < 0 else high
+    e = max(-shift, 0)
+    mask, rem = (1 << e) - 1, high & ((1 << e) - 1)
+    return (high >> e) + (rem > (mask >> 1) + (1 if high < 0 else 0))
+
+
+def test_leaky_relu_16x8_negative_alpha_follows_tflm():
+    """A negative alpha gives a negative multiplier; TFLite Micro's gemmlowp arithmetic rounds its
+    ties as below (LiteRT 2.3's kernel rounds some the other way: docs/int8_ir.md)."""
+    x = np.arange(-40, 1, dtype=np.int16).reshape(1, -1)
+    for alpha in (-0.25, -0.5, -1.5):
+        g = single_op("leaky_relu", [("x", t16(x.shape, 0.01), None)], {"alpha": alpha}, q(0.01), out_dtype="int16")
+        m, e = elementwise_int16.fp.quantize_multiplier(float(np.float32(np.float32(0.01) * np.float32(alpha)
+                                                                          / np.float32(0.01))))
+        want = [_gemmlowp_mbqm(int(v), m, e) if v < 0 else int(v) for v in x.ravel()]
+        assert run(g, x)[0].ravel().tolist() == want
+    assert want[:4] == [60, 59, 57, 56]        # -39 * -1.5 = 58.5 -> 59
+
+
+# ---- TRANSPOSE_CONV -------------------------------------------------------------------------------
+def _tc_graph(rng, n, h, w, cin, cout, kh, kw, sh, sw, padding, per_channel, bias, act, big_bias=False):
+    oh = h * sh if padding == "same" else (h - 1) * sh + kh
+    ow = w * sw if padding == "same" else (w - 1) * sw + kw
+    in_s = float(2.0 ** rng.uniform(-14, -8))
+    w_s = 2.0 ** rng.uniform(-9, -5, cout if per_channel else 1)
+    out_s = float(np.float32(in_s * float(np.mean(w_s)) * np.sqrt(kh * kw * cin) * 128 * 2.0 ** rng.uniform(-2, 2) / 4))
+    wq = q(w_s, [0] * len(w_s), 0) if per_channel else q(w_s[0], 0)
+    inputs = [("x", t16((n, h, w, cin), in_s), None),
+              ("w", TensorType((cout, kh, kw, cin), "int8", wq), rng.integers(-127, 128, (cout, kh, kw, cin)))]
+    if bias:
+        bs = np.broadcast_to(np.float32(in_s) * np.asarray(w_s, np.float32), (cout,))
+        lim = 1 << 34 if big_bias else 1 << 24
+        inputs.append(("b", TensorType((cout,), "int64", q(bs, [0] * cout, 0) if per_channel else q(bs[0], 0)),
+                       rng.integers(-lim, lim, cout)))
+    attrs = dict(stride=[sh, sw], padding=padding, output_shape=[n, oh, ow, cout], activation=act)
+    return single_op("transpose_conv2d", inputs, attrs, q(out_s), out_dtype="int16")
+
+
+@settings(**SETTINGS)
+@given(n=st.integers(1, 2), h=st.integers(1, 5), w=st.integers(1, 5), cin=st.integers(1, 4), cout=st.integers(1, 5),
+       kh=st.integers(1, 4), kw=st.integers(1, 4), sh=st.integers(1, 3), sw=st.integers(1, 3),
+       padding=st.sampled_from(["same", "valid"]), per_channel=st.booleans(), bias=st.booleans(),
+       act=st.sampled_from(["none", "relu"]), seed=st.integers(0, 2 ** 31))
+def test_transpose_conv_16x8(n, h, w, cin, cout, kh, kw, sh, sw, padding, per_channel, bias, act, seed):
+    rng = np.random.default_rng(seed)
+    g = _tc_graph(rng, n, h, w, cin, cout, kh, kw, sh, sw, padding, per_channel, bias, act)
+    _check(g, [i16(rng, (n, h, w, cin))], f"transpose_conv 16x8 {g.nodes[-1].attrs}")
+
+
+@pytest.mark.parametrize("case", [
+    dict(n=1, h=3, w=4, cin=5, cout=6, kh=3, kw=4, sh=1, sw=2, padding="same", per_channel=True, bias=True, act="none"),
+    dict(n=2, h=2, w=3, cin=3, cout=4, kh=2, kw=3, sh=2, sw=1, padding="valid", per_channel=False, bias=True,
+         act="relu", big_bias=True),
+    dict(n=1, h=3, w=3, cin=200, cout=3, kh=3, kw=3, sh=2, sw=2, padding="same", per_channel=True, bias=False,
+         act="none"),
+])
+def test_transpose_conv_16x8_host_c(case, tmp_path):
+    """C kernel = reference: int32 and int64 accumulators (the last case's taps can pass 2^31),
+    biases beyond int32, both paddings."""
+    rng = np.random.default_rng(7)
+    g = _tc_graph(rng, **case)
+    x = i16(rng, g.types["x"].shape)
+    got, want = compare(g, [x])
+    assert_same(got, want, "transpose_conv 16x8")
+    _host(g, [x], tmp_path)
+
+
+# ---- QUANTIZE with an int32 side --------------------------------------------------------------------
+@pytest.mark.parametrize("src,dst", [("int16", "int32"), ("int32", "int16"), ("int8", "int32"), ("int32", "int8")])
+def test_quantize_int32(src, dst, tmp_path):
+    """TFLite Micro's Requantize to and from int32 (the seanet QUANTIZE models): reference = LiteRT
+    = host C."""
+    rng = np.random.default_rng(3)
+    shape = (2, 40)
+    scales = {"int16": 4.9e-4, "int8": 3.1e-2, "int32": 1.49e-7}
+    zps = {"int16": 0, "int8": -3, "int32": 0}
+    if src == "int32":
+        x = rng.integers(-(1 << 28), 1 << 28, shape).astype(np.int32)
+    else:
+        info = np.iinfo(src)
+        x = rng.integers(info.min, info.max + 1, shape).astype(src)
+    g = single_op("quantize", [("x", TensorType(shape, src, q(scales[src], zps[src])), None)],
+                  {"scale": [scales[dst]], "zero_point": [zps[dst]], "dtype": dst}, q(scales[dst], zps[dst]),
+                  out_dtype=dst)
+    if "int8" in (src, dst):     # TFLite Micro only (LiteRT 2.3 has no int8 <-> int32 QUANTIZE)
+        m, e = elementwise_int16.fp.quantize_multiplier(float(np.float32(scales[src])) / float(np.float32(scales[dst])))
+        info = np.iinfo(dst)
+        want = [min(max(_gemmlowp_mbqm(int(v) - zps[src], m, e) + zps[dst], info.min), info.max) for v in x.ravel()]
+        assert run(g, x)[0].ravel().tolist() == want
+    else:
+        got, want = compare(g, [x])
+        assert_same(got, want, f"quantize {src}->{dst}")
+    if src != "int32":           # an int32 graph input exports and imports back (TFLite Micro's test models)
+        assert [n.op for n in load_tflite(export_tflite(g)).nodes] == ["quantize"]
+    _host(g, [x], tmp_path)
+
+
+def test_leaky_relu_and_sub_16x8_host_c(tmp_path):
+    rng = np.random.default_rng(2)
+    g = single_op("leaky_relu", [("x", t16((3, 50), 2.3e-3, 4), None)], {"alpha": 0.2}, q(3.1e-3, -2),
+                  out_dtype="int16")
+    _host(g, [i16(rng, (3, 50))], tmp_path / "lr")
+    g = _sub_graph((2, 4, 9), (1, 4, 1), -8.3, -10.1, -8.8)
+    _host(g, [i16(rng, (2, 4, 9)), i16(rng, (1, 4, 1))], tmp_path / "sub")
