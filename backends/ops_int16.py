@@ -9,7 +9,7 @@ from tvm import te, tirx
 
 from kiln.frontend.ops.elementwise import ADD_LEFT_SHIFT_16
 from kiln.frontend.ops.elementwise_int8 import leaky_params
-from kiln.frontend.ops.elementwise_int16 import sub16_params
+from kiln.frontend.ops.elementwise_int16 import prelu16_params, sqdiff16_params, sub16_params
 from kiln.frontend.ops.nn import conv_geometry
 from kiln.frontend.ops.transpose_conv import _cgi_attrs
 from kiln.frontend.registry import OPS
@@ -156,3 +156,64 @@ def lower_quantize_int32(k, node, xs):
         v = qmath.mbqm(x(*i).astype("int32") - c(zi), c(m), sh) + c(zo)
         return v if ty.dtype == "int32" else qmath.clamp(v, lo, hi).astype(ty.dtype)
     return te.compute(_out_shape(ty), body, name="requantize32")
+
+
+# ---- maximum / minimum / abs / squared_difference / prelu (frontend/ops/elementwise_int16.py) --------
+def _minmax16(fn):
+    def lower(k, node, xs):
+        t1, t2, ty = _io16(k, node, 2)
+        a, b = xs
+        if node.inputs[0] == node.inputs[1]:     # max(x, x) = x (gcc -Werror rejects the self-comparison)
+            return te.compute(_out_shape(ty), lambda *i: _load(a, t1, ty, i), name=node.op + "16")
+        return te.compute(_out_shape(ty), lambda *i: fn(_load(a, t1, ty, i), _load(b, t2, ty, i)), name=node.op + "16")
+    return lower
+
+
+int16_first("maximum")(_minmax16(tirx.max))
+int16_first("minimum")(_minmax16(tirx.min))
+
+
+@int16_first("abs")
+def lower_abs16(k, node, xs):
+    tx, ty = _io16(k, node, 1)
+    (si, _), (so, _) = _sz(tx), _sz(ty)
+    x = xs[0]
+
+    def body(*i):
+        v = qmath.let("av", x(*i).astype("int32"), lambda u: tirx.Select(u < c(0), -u, u))
+        if np.float32(si) != np.float32(so):
+            m, e = qmath.quantize_multiplier(float(np.float32(si) / np.float32(so)))
+            v = qmath.mbqm(v, c(m), e)
+        return _clamp16(v)
+    return te.compute(_out_shape(ty), body, name="abs16")
+
+
+@int16_first("squared_difference")
+def lower_sqdiff16(k, node, xs):
+    t1, t2, ty = _io16(k, node, 2)
+    (s1, _), (s2, _), (so, _) = _sz(t1), _sz(t2), _sz(ty)
+    (m1, e1), (m2, e2), (mo, eo) = sqdiff16_params(s1, s2, so)
+    a, b = xs
+
+    def body(*i):
+        d = (qmath.mbqm(_load(a, t1, ty, i).astype("int32"), c(m1), e1)
+             - qmath.mbqm(_load(b, t2, ty, i).astype("int32"), c(m2), e2))
+        return qmath.let("d", d, lambda dv: _clamp16(qmath.mbqm(dv * dv, c(mo), eo)))
+    return te.compute(_out_shape(ty), body, name="squared_difference16")
+
+
+@int16_first("prelu")
+def lower_prelu16(k, node, xs):
+    tx, ta, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
+    if not (_is16(tx) and _is16(ty)) or ta.dtype != "int8" or ta.quant is None:
+        k.fail(f"int16 prelu needs int16 input and output and a quantised int8 alpha, got {tx}, {ta}, {ty}")
+    (si, zi), (sa, za), (so, zo) = _sz(tx), _sz(ta), _sz(ty)
+    (m1, e1), (m2, e2) = prelu16_params(si, sa, so)
+    x, al = xs
+
+    def body(*i):
+        def on(v):
+            neg = qmath.mbqm(v * (_load(al, ta, ty, i).astype("int32") - c(za)), c(m2), e2)
+            return _clamp16(tirx.Select(v >= c(0), qmath.mbqm(v, c(m1), e1), neg) + c(zo))
+        return qmath.let("v", _load(x, tx, ty, i).astype("int32") - c(zi), on)
+    return te.compute(_out_shape(ty), body, name="prelu16")

@@ -218,3 +218,87 @@ def test_leaky_relu_and_sub_16x8_host_c(tmp_path):
     _host(g, [i16(rng, (3, 50))], tmp_path / "lr")
     g = _sub_graph((2, 4, 9), (1, 4, 1), -8.3, -10.1, -8.8)
     _host(g, [i16(rng, (2, 4, 9)), i16(rng, (1, 4, 1))], tmp_path / "sub")
+
+
+# ---- MAXIMUM, MINIMUM, ABS, SQUARED_DIFFERENCE, PRELU -------------------------------------------------
+@settings(**SETTINGS)
+@given(op=st.sampled_from(["maximum", "minimum"]), shape=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+       bcast=st.booleans(), ls=log_scale, seed=st.integers(0, 2 ** 31))
+def test_maximum_minimum_16x8(op, shape, bcast, ls, seed):
+    rng = np.random.default_rng(seed)
+    s2 = list(shape)
+    if bcast:
+        s2[-1] = 1
+    g = single_op(op, [("a", t16(shape, 2.0 ** ls), None), ("b", t16(s2, 2.0 ** ls), None)], {},
+                  q(2.0 ** ls), out_dtype="int16", out_shape=tuple(shape))
+    _check(g, [i16(rng, shape), i16(rng, s2)], f"{op} 16x8")
+
+
+def test_squared_difference_16x8_follows_tflm():
+    """TFLite Micro's int16 SQUARED_DIFFERENCE (LiteRT 2.3 has none): against its arithmetic
+    written out element by element (left_shift 0, double multipliers)."""
+    rng = np.random.default_rng(6)
+    for l1, l2, lo in ((-12.0, -12.4, -3.5), (-9.7, -8.2, -2.0), (-10.0, -10.0, -6.0)):
+        g = single_op("squared_difference", [("a", t16((3, 7), 2.0 ** l1), None), ("b", t16((1, 7), 2.0 ** l2), None)],
+                      {}, q(2.0 ** lo), out_dtype="int16", out_shape=(3, 7))
+        a, b = i16(rng, (3, 7)), i16(rng, (1, 7))
+        (m1, e1), (m2, e2), (mo, eo) = elementwise_int16.sqdiff16_params(2.0 ** l1, 2.0 ** l2, 2.0 ** lo)
+        want = [[min(max(_gemmlowp_mbqm((_gemmlowp_mbqm(int(a[i, j]), m1, e1) - _gemmlowp_mbqm(int(b[0, j]), m2, e2)) ** 2,
+                                        mo, eo), -32768), 32767) for j in range(7)] for i in range(3)]
+        assert run(g, a, b)[0].tolist() == want
+
+
+@settings(**SETTINGS)
+@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4), li=log_scale, ratio=st.sampled_from([0.0, 1.0, -0.7,
+       2.3]), seed=st.integers(0, 2 ** 31))
+def test_abs_16x8(shape, li, ratio, seed):
+    rng = np.random.default_rng(seed)
+    g = single_op("abs", [("x", t16(shape, 2.0 ** li), None)], {}, q(2.0 ** (li + ratio)), out_dtype="int16")
+    _check(g, [i16(rng, shape)], f"abs 16x8 ratio={ratio}")
+
+
+def _prelu_graph(rng, shape, ashape, li, la, lo, zi=0, za=0, zo=0):
+    return single_op("prelu", [("x", t16(shape, 2.0 ** li, zi), None),
+                               ("alpha", TensorType(ashape, "int8", q(2.0 ** la, za)),
+                                rng.integers(-128, 128, ashape))], {}, q(2.0 ** lo, zo), out_dtype="int16",
+                     out_shape=tuple(shape))
+
+
+@settings(**SETTINGS)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), per_channel=st.booleans(), li=log_scale,
+       la=st.floats(-9.0, -3.0), lo=log_scale, za=st.integers(-20, 20), seed=st.integers(0, 2 ** 31))
+def test_prelu_16x8(shape, per_channel, li, la, lo, za, seed):
+    rng = np.random.default_rng(seed)
+    ashape = (shape[-1],) if per_channel else (1,)
+    g = _prelu_graph(rng, shape, ashape, li, la, lo, za=za)
+    _check(g, [i16(rng, shape)], "prelu 16x8")
+
+
+def test_prelu_16x8_follows_tflm(tmp_path):
+    """TFLite Micro's int16 PRELU (int16 input, int8 alpha): against the arithmetic written out
+    element by element, and host C."""
+    rng = np.random.default_rng(4)
+    g = _prelu_graph(rng, (2, 3, 5), (1, 1, 5), -9.3, -7.1, -8.2, zi=0, za=-3, zo=2)
+    x = i16(rng, (2, 3, 5))
+    (m1, e1), (m2, e2) = elementwise_int16.prelu16_params(2.0 ** -9.3, 2.0 ** -7.1, 2.0 ** -8.2)
+    alpha = np.asarray(g.consts["alpha"], np.int64) + 3
+    y = run(g, x)[0]
+    for idx in np.ndindex(*x.shape):
+        v = int(x[idx])
+        want = _gemmlowp_mbqm(v, m1, e1) if v >= 0 else _gemmlowp_mbqm(v * int(alpha[0, 0, idx[2]]), m2, e2)
+        assert y[idx] == min(max(want + 2, -32768), 32767), idx
+    _host(g, [x], tmp_path)
+
+
+def test_minmax_abs_sqdiff_16x8_host_c(tmp_path):
+    rng = np.random.default_rng(5)
+    for op in ("maximum", "minimum", "squared_difference"):
+        lo = -12.0 if op != "squared_difference" else -3.5
+        g = single_op(op, [("a", t16((2, 3, 8), 2.0 ** -12), None), ("b", t16((1, 3, 1), 2.0 ** (-12.4 if lo > -12
+                      else -12)), None)], {}, q(2.0 ** lo), out_dtype="int16", out_shape=(2, 3, 8))
+        _host(g, [i16(rng, (2, 3, 8)), i16(rng, (1, 3, 1))], tmp_path / op)
+    for ratio in (0.0, 0.6):
+        g = single_op("abs", [("x", t16((4, 33), 1e-3), None)], {}, q(1e-3 * 2.0 ** ratio), out_dtype="int16")
+        x = i16(rng, (4, 33))
+        x[0, 0] = -32768
+        _host(g, [x], tmp_path / f"abs{ratio}")
