@@ -20,6 +20,7 @@ from . import reduce_shape as rs
 from . import tflite_util as tfl
 from ._util import norm_axes, reduced_shape
 from .int8util import int8_io, need_int8, same_quant
+from .int16util import clamp16, int16_branch, int16_io
 
 chk.VERSIONS.update({"SUM": 2, "REDUCE_MAX": 3, "REDUCE_MIN": 3})
 
@@ -135,3 +136,20 @@ def _tfl_export_reduce(e, n, act, out, int8):
     builtin = {v: k for k, v in _BUILTINS.items()}[n.op]
     e.op(builtin, [e.value(n.inputs[0]), e.const(out + "/axes", np.asarray(axes, np.int32))],
          [e.tensor(out, e.g.types[out])], "ReducerOptions", int8, KeepDims=bool(n.attrs["keepdims"]))
+
+
+# ---- int16 ----------------------------------------------------------------------------------------
+def sum_int16(xs, attrs, in_types, out_type):
+    """TFLite Micro's int16 SUM (reference_ops::QuantizedMeanOrSum, compute_sum): the int32 sum
+    less ``z_in * count``, the ``MultiplyByQuantizedMultiplier`` of double ``s_in / s_out``, plus
+    ``z_out``, clamped to int16."""
+    (si, zi), (so, zo) = int16_io(in_types, out_type, "sum", symmetric=False)
+    x = xs[0].astype(np.int64)
+    axes = norm_axes(attrs["axes"], x.ndim, "sum")
+    count = int(np.prod([x.shape[a] for a in axes])) if axes else 1
+    total = fp.wrap_int32(x.sum(axis=axes, keepdims=attrs["keepdims"]) - zi * count)
+    m, e = fp.quantize_multiplier(si / so)
+    return clamp16(fp.multiply_by_quantized_multiplier(total, m, e) + zo)
+
+
+int16_branch("sum", sum_int16)
