@@ -248,3 +248,27 @@ def lower_sum16(k, node, xs):
         return x[full(i if ty.shape else ())].astype("int32")
     acc = te.compute(shape, (lambda *i: te.sum(src(i), axis=raxes)) if raxes else (lambda *i: src(i)), name="acc16")
     return te.compute(shape, lambda *i: _clamp16(qmath.mbqm(acc(*i) - c(zi * count), c(m), sh) + c(zo)), name="sum16")
+
+
+# ---- matmul: TFLite Micro's BatchMatMul<int16_t, int64_t> ----------------------------------------------
+@int16_first("matmul", hints=False)
+def lower_matmul16(k, node, xs):
+    ta, tb, ty = _io16(k, node, 2)
+    if any(int(t.quant.zero_point[0]) for t in (ta, tb, ty)):
+        k.fail("int16 matmul needs zero points of 0 (TFLite)")
+    a, b = xs
+    nb = len(ty.shape) - 2
+    kk = te.reduce_axis((0, int(ta.shape[-1])), "k")
+
+    def bidx(t, bi):
+        lead = nb - (len(t.shape) - 2)
+        return [0 if int(t.shape[j]) == 1 else bi[lead + j] for j in range(len(t.shape) - 2)]
+
+    def f(*i):
+        ai, bj = bidx(ta, i[:nb]) + [i[-2], kk], bidx(tb, i[:nb]) + [kk, i[-1]]
+        return te.sum(a(*ai).astype("int32").astype("int64") * b(*bj).astype("int32").astype("int64"), axis=kk)
+    acc = te.compute(ty.shape, f, name="macc16")
+    k.macs(int(np.prod(ty.shape)) * int(ta.shape[-1]))
+    (sa, _), (sb, _), (so, _) = _sz(ta), _sz(tb), _sz(ty)
+    m, s = qmath.quantize_multiplier(float(np.float32(np.float32(sa) * np.float32(sb))) / so)
+    return requant16_epilogue(k, acc, np.asarray([m], np.int64), np.asarray([s], np.int64), ty, lambda idx: 0, "none")

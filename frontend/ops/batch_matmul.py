@@ -16,6 +16,7 @@ from ..types import TensorType
 from . import nn  # noqa: F401  (registers matmul, which this module extends)
 from . import tflite_util as tfl
 from .int8util import clamp8, int8_io
+from .int16util import clamp16, int16_branch, int16_io, mbqm64, symmetric16
 
 NAME = "BATCH_MATMUL"
 
@@ -53,11 +54,13 @@ def _tfl_batch_matmul(imp, k, op, ins, out):
     ta, tb = imp.g.types[a], imp.g.types[b]
     if ta.dtype != tb.dtype:
         raise imp.err(f"{w}: operands are {ta.dtype} and {tb.dtype}; TFLite needs one type")
-    if ta.dtype == "int8":
+    if ta.dtype in ("int8", "int16"):
         for v, what in ((a, "lhs"), (b, "rhs"), (None, "output")):
             q = ta.quant if v == a else tb.quant if v == b else imp.tensors[out]["quant"]
             if q is None or len(q.scale) != 1:
-                raise imp.err(f"{w}: int8 {what} must be quantised per tensor, got {q}")
+                raise imp.err(f"{w}: {ta.dtype} {what} must be quantised per tensor, got {q}")
+            if ta.dtype == "int16":
+                symmetric16(imp.err, w, [(f"the {what}", q)])
     if o is not None and o.AdjX():
         a = _swap_last(imp, k, a, "lhs")
     if o is not None and o.AdjY():
@@ -69,3 +72,17 @@ def _tfl_batch_matmul(imp, k, op, ins, out):
 def _tfl_export_matmul(e, n, act, out, int8):
     e.op(NAME, [e.value(i) for i in n.inputs], [e.tensor(out, e.g.types[out])], "BatchMatMulOptions", int8,
          AdjX=False, AdjY=False)
+
+
+# ---- int16 ----------------------------------------------------------------------------------------
+def matmul_int16(xs, attrs, in_types, out_type):
+    """TFLite Micro's BATCH_MATMUL int16 (reference_ops::BatchMatMul<int16_t, int64_t>): both
+    operands int16 (zero points 0), ``sum_k a * b`` in int64, the int64
+    ``MultiplyByQuantizedMultiplier`` of ``float32(s_a * s_b) / s_out``, clamped to int16."""
+    (sa, _), (sb, _), (so, _) = int16_io(in_types, out_type, "matmul", n=2)
+    acc = np.matmul(xs[0].astype(np.int64), xs[1].astype(np.int64))
+    m, s = fp.quantize_multiplier(float(np.float32(np.float32(sa) * np.float32(sb))) / float(np.float32(so)))
+    return clamp16(mbqm64(acc, m, s))
+
+
+int16_branch("matmul", matmul_int16)

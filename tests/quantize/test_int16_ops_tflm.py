@@ -342,3 +342,28 @@ def test_sum_16x8_host_c(tmp_path):
         x = i16(rng, shape)
         np.testing.assert_array_equal(run(g, x)[0], _tflm_sum(x, axes, keep, -11.0, -8.3, zi, zo))
         _host(g, [x], tmp_path / str(k))
+
+
+# ---- BATCH_MATMUL ------------------------------------------------------------------------------------
+def _matmul_graph(sa_shape, sb_shape, la, lb, lo):
+    return single_op("matmul", [("a", t16(sa_shape, 2.0 ** la), None), ("b", t16(sb_shape, 2.0 ** lb), None)], {},
+                     q(2.0 ** lo), out_dtype="int16")
+
+
+@settings(**SETTINGS)
+@given(batch=st.lists(st.integers(1, 3), min_size=0, max_size=2), m=st.integers(1, 5), kdim=st.integers(1, 40),
+       n=st.integers(1, 5), bcast=st.booleans(), la=st.floats(-14.0, -8.0), lb=st.floats(-14.0, -8.0),
+       spread=st.floats(-2.0, 2.0), seed=st.integers(0, 2 ** 31))
+def test_batch_matmul_16x16(batch, m, kdim, n, bcast, la, lb, spread, seed):
+    """TFLite Micro's int16 BATCH_MATMUL (both operands int16, int64 accumulator)."""
+    rng = np.random.default_rng(seed)
+    bb = [1] * len(batch) if bcast else batch
+    lo = la + lb + 15 + np.log2(np.sqrt(kdim)) + spread
+    g = _matmul_graph(tuple(batch) + (m, kdim), tuple(bb) + (kdim, n), la, lb, lo)
+    _check(g, [i16(rng, tuple(batch) + (m, kdim)), i16(rng, tuple(bb) + (kdim, n))], "batch_matmul 16x16")
+
+
+def test_batch_matmul_16x16_host_c(tmp_path):
+    rng = np.random.default_rng(9)
+    g = _matmul_graph((2, 3, 70), (1, 70, 4), -12.0, -11.0, -2.5)
+    _host(g, [i16(rng, (2, 3, 70)), i16(rng, (1, 70, 4))], tmp_path)
