@@ -367,3 +367,37 @@ def test_batch_matmul_16x16_host_c(tmp_path):
     rng = np.random.default_rng(9)
     g = _matmul_graph((2, 3, 70), (1, 70, 4), -12.0, -11.0, -2.5)
     _host(g, [i16(rng, (2, 3, 70)), i16(rng, (1, 70, 4))], tmp_path)
+
+
+# ---- all of them in one graph: host C and the board ---------------------------------------------------
+def test_tflm_int16_graph_host_c(tmp_path):
+    from .int16_tflm_graph import tflm_feeds, tflm_graph
+    rng = np.random.default_rng(10)
+    g = tflm_graph(rng)
+    pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
+    for _ in range(3):
+        feeds = tflm_feeds(rng)
+        for name, want, got in zip(g.outputs, run(g, *feeds), pkg.run(*feeds)):
+            assert got.dtype == want.dtype, name
+            np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+@pytest.mark.qemu
+@pytest.mark.slow
+def test_tflm_int16_graph_on_mps2_an386(tmp_path):
+    """The same graph on QEMU mps2-an386 (Cortex-M4): every output bit for bit."""
+    import shutil
+    if not shutil.which("arm-none-eabi-gcc") or not shutil.which("qemu-system-arm"):
+        pytest.skip("arm-none-eabi-gcc / qemu-system-arm not installed (bash scripts/setup.sh)")
+    from kiln import hil
+    from kiln.frontend import save
+
+    from .int16_tflm_graph import tflm_feeds, tflm_graph
+    rng = np.random.default_rng(11)
+    model = save(tflm_graph(rng), str(tmp_path / "tflm16.json"))
+    img, pkg = hil.build_for_board(model, "mps2-an386", str(tmp_path / "b"))
+    g = hil.package_graph(pkg)
+    samples = [tflm_feeds(rng) for _ in range(2)]
+    res = hil.run_on_board(img, pkg, samples)
+    want = hil.reference_outputs(g, samples)
+    assert all(hil.same_outputs(a, b) for a, b in zip(res.outputs, want))
