@@ -12,10 +12,10 @@ from kiln.frontend.ops.elementwise import ADD_LEFT_SHIFT_16
 from kiln.frontend.ops.elementwise_int8 import leaky_params
 from kiln.frontend.ops.elementwise_int16 import prelu16_params, sqdiff16_params, sub16_params
 from kiln.frontend.ops.nn import conv_geometry
-from kiln.frontend.ops.transpose_conv import _cgi_attrs
+from kiln.frontend.ops.transpose_conv import cgi_attrs
 from kiln.frontend.registry import OPS
 
-from . import ops_elementwise, ops_misc, ops_nn, ops_shape, qmath  # noqa: F401  (their rules first: int16_first wraps them)
+from . import ops_elementwise, ops_linalg, ops_misc, ops_nn, ops_shape, qmath  # noqa: F401  (rules int16_first wraps)
 from .lower import BACKEND, PENDING, lower_rule
 from .ops_elementwise import _load, _out_shape
 from .ops_nn import _bias64, requant16_epilogue
@@ -110,7 +110,7 @@ def lower_transpose_conv16(k, node, xs):
     if any(z != 0 for z in tw.quant.zero_point) or int(tx.quant.zero_point[0]) != 0:
         k.fail("16x8 kernels need symmetric weights and an input zero point of 0 (TFLite)")
     O, KH, KW, I = tw.shape
-    G = conv_geometry(tuple(ty.shape), (I, KH, KW, O), _cgi_attrs(node.attrs))
+    G = conv_geometry(tuple(ty.shape), (I, KH, KW, O), cgi_attrs(node.attrs))
     sh, sw, pt, pl, H, W = G["sh"], G["sw"], G["pt"], G["pl"], tx.shape[1], tx.shape[2]
     wv = k.value(node.inputs[1])
     wide = wv is None or (np.abs(np.asarray(wv, np.int64)).reshape(O, -1).sum(axis=1) * 32768).max() >= 2 ** 31

@@ -12,6 +12,8 @@ LiteRT differs, docs/int8_ir.md says how):
 
 Each rule is installed as the int16 branch of the op's quantised reference (``int16_branch``).
 """
+import functools
+
 import numpy as np
 
 from .. import fixedpoint as fp
@@ -147,6 +149,7 @@ int16_branch("prelu", prelu_int16)
 _prelu_infer = get_op("prelu").infer
 
 
+@functools.wraps(_prelu_infer)          # keeps the rule's home module (docs/ops.md's "defined in")
 def _prelu_infer_16x8(ts, attrs):
     """prelu's shape rule, also for an int16 input with an int8 alpha (TFLite Micro's 16x8 PRELU)."""
     if len(ts) == 2 and is_int16(ts[0]) and ts[1].dtype == "int8" and ts[1].quant is not None:

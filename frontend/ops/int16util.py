@@ -12,7 +12,8 @@ import numpy as np
 
 from .. import fixedpoint as fp
 from ..errors import ShapeError
-from ..registry import get_op
+from ..registry import INT16 as INT16_PROP
+from ..registry import get_op, mark
 from .int8util import per_tensor
 
 QMIN16, QMAX16 = -32768, 32767
@@ -233,7 +234,8 @@ def softmax16_rows(x, input_scale, beta=1.0):
 
 def int16_branch(op_name, rule16):
     """Give op ``op_name`` an int16 branch: its ``int8_ref`` (Kiln's one quantised-reference slot)
-    calls ``rule16`` when input 0 is int16 and the rule it had otherwise."""
+    calls ``rule16`` when input 0 or the output is int16 and the rule it had otherwise; marks the
+    op ``INT16`` (it has TFLite's 16x8 kernel)."""
     op = get_op(op_name)
     prev = op.int8_ref
 
@@ -246,4 +248,5 @@ def int16_branch(op_name, rule16):
     rule.__name__ = f"{op_name}_int8_or_int16"
     rule.int16 = rule16
     op.int8_ref = rule
+    mark(INT16_PROP, op_name)
     return rule16

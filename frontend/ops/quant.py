@@ -72,7 +72,8 @@ def _quantize_ref(xs, a, in_types=None, out_type=None):
 register("quantize", attrs={"scale": Attr("any", REQUIRED), "zero_point": Attr("ints", (0,)),
                             "dtype": Attr("str", "int8")},
          infer=_quantize_infer, ref=lambda xs, a: _quantize_ref(xs, a), props={QUANTIZABLE, UNARY, ELEMENTWISE, NONDIFF},
-         arity=1, doc="float -> int8 or int16 (TFLite QUANTIZE), or int8/int16 -> int8/int16 requantisation")
+         arity=1, doc="float -> int8 or int16 (TFLite QUANTIZE), or int8/int16 -> int8/int16/int32 and int32 -> int8/int16 "
+             "requantisation")
 
 
 def _quantize_int8(xs, a, in_types, out_type):

@@ -183,7 +183,7 @@ def transpose_conv2d_int16(xs, attrs, in_types, out_type):
     ws, wz, _ = channel_params(in_types[1], O, "transpose_conv2d")
     if np.any(wz != 0):
         raise ShapeError("transpose_conv2d: TFLite's 16x8 TRANSPOSE_CONV needs symmetric filters (zero point 0)")
-    acc = conv2d_grad_input_ref(xs[0].astype(np.int64), _ohwi(xs[1].astype(np.int64)), _cgi_attrs(attrs))
+    acc = conv2d_grad_input_ref(xs[0].astype(np.int64), _ohwi(xs[1].astype(np.int64)), cgi_attrs(attrs))
     acc = np.asarray(acc).astype(np.int64)
     if len(xs) == 3:
         acc = acc + np.asarray(xs[2]).astype(np.int64)
