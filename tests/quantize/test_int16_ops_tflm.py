@@ -401,3 +401,36 @@ def test_tflm_int16_graph_on_mps2_an386(tmp_path):
     res = hil.run_on_board(img, pkg, samples)
     want = hil.reference_outputs(g, samples)
     assert all(hil.same_outputs(a, b) for a, b in zip(res.outputs, want))
+
+
+def test_ptq_int16_with_the_tflm_kernels(tmp_path):
+    """``ptq(..., activations="int16")`` of a float graph of the new int16 ops: every node int16,
+    close to float, host C equal to the reference, and the .tflite imports back to the same
+    results."""
+    from kiln.frontend import Graph
+    from kiln.frontend.graph_passes import with_batch
+    from kiln.quantize import ptq
+    g = Graph("tflm16_ptq")
+    g.add_input("x", TensorType((4, 10), "float32"))
+    g.add_input("y", TensorType((4, 10), "float32"))
+    for op, ins, name, attrs, shape in [("sub", ["x", "y"], "s", {}, (4, 10)),
+                                        ("leaky_relu", ["s"], "lr", {"alpha": 0.1}, (4, 10)),
+                                        ("maximum", ["lr", "x"], "mx", {}, (4, 10)),
+                                        ("abs", ["mx"], "ab", {}, (4, 10)),
+                                        ("squared_difference", ["ab", "y"], "sd", {}, (4, 10)),
+                                        ("sum", ["sd"], "sm", {"axes": [1], "keepdims": False}, (4,))]:
+        g.add_node(op, ins, attrs, name=name, out_type=TensorType(shape, "float32"))
+    g.outputs = ["sm", "ab"]
+    rng = np.random.default_rng(12)
+    x, y = (rng.normal(0, 2, (64, 10)).astype(np.float32) for _ in range(2))
+    q = ptq(g, [x, y], activations="int16")
+    assert {q.types[n.name].dtype for n in q.nodes if n.op not in ("dequantize",)} == {"int16"}
+    q4 = with_batch(q, 4)
+    ref, got = run(with_batch(g, 64), x, y), run(with_batch(q, 64), x, y)
+    for r, o in zip(ref, got):
+        assert np.max(np.abs(r - o)) <= 2e-4 * np.max(np.abs(r)) + 1e-3
+    pkg = compile_pkg(q4, target="host", out_dir=tmp_path, plot=False, measure_size=False)
+    back = load_tflite(export_tflite(q4))
+    for a, b, c in zip(run(q4, x[:4], y[:4]), pkg.run(x[:4], y[:4]), run(back, x[:4], y[:4])):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
