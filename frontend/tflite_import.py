@@ -46,7 +46,7 @@ MAX_FILE_BYTES = (1 << 31) - 1
 
 # TFLite TensorType enum -> Kiln dtype (others are rejected by name)
 _TYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 6: "bool", 7: "int16", 9: "int8",
-          10: "float64"}
+          10: "float64", 13: "resource"}    # resource: a variable's handle (frontend/ops/variables.py)
 _TYPE_NAMES = {0: "FLOAT32", 1: "FLOAT16", 2: "INT32", 3: "UINT8", 4: "INT64", 5: "STRING", 6: "BOOL",
                7: "INT16", 8: "COMPLEX64", 9: "INT8", 10: "FLOAT64", 11: "COMPLEX128", 12: "UINT64",
                13: "RESOURCE", 14: "VARIANT", 15: "UINT32", 16: "UINT16", 17: "INT4"}
@@ -123,6 +123,8 @@ class _Importer:
         self.values = {}      # tflite tensor index -> Kiln value name
         self.used_names = set()
         self.folded = {}      # tflite tensor index -> float32 array (DEQUANTIZE of a constant)
+        self.finishers = []   # f(importer) run once after the main subgraph's operators
+        self.shared = {}      # what ops share across subgraphs (resource variables by name)
 
     # ---- helpers --------------------------------------------------------------------------
     def err(self, msg):
@@ -140,9 +142,9 @@ class _Importer:
             raise self.err("the model has no subgraph")
         self.sg = m.Subgraphs(0)
         self._read_opcodes()
-        if nsub > 1 and "IF" not in self.opcodes:
-            raise self.err(f"the model has {nsub} subgraphs (control flow); Kiln imports single-subgraph models "
-                           f"and IF's branch subgraphs")
+        if nsub > 1 and not {"IF", "CALL_ONCE"} & set(self.opcodes):
+            raise self.err(f"the model has {nsub} subgraphs (control flow); Kiln imports single-subgraph models, "
+                           f"IF's branch subgraphs and CALL_ONCE's initialisation subgraph")
         self._read_tensors()
         self._read_ops()
         self._build()
@@ -304,6 +306,8 @@ class _Importer:
                 self.activation_type(i, "graph input")
             self.values[i] = self.g.add_input(self._vname(t["name"]), self._ttype(i))
         self._run_ops()
+        for finish in self.finishers:        # e.g. resource variables' states (frontend/ops/variables.py)
+            finish(self)
         for i in outs:
             if self.tensors[i]["data"] is not None or i in self.folded:
                 raise self.err(f"graph output {self.label(i)} is a constant; Kiln compiles outputs that operators "
@@ -320,7 +324,7 @@ class _Importer:
         for k, (opname, op, oins, oouts) in enumerate(self.ops):
             # converters marked multi_output (SPLIT, UNPACK) get the list of output tensors
             multi = getattr(TFLITE_IMPORTERS[opname], "multi_output", False)
-            if len(oouts) != 1 and not (multi and oouts):
+            if len(oouts) != 1 and not (multi and (oouts or getattr(TFLITE_IMPORTERS[opname], "no_outputs", False))):
                 raise self.err(f"operator {k} ({opname}) has {len(oouts)} outputs; expected 1")
             for o in oouts:
                 if o in self.values or o in self.folded or self.tensors[o]["data"] is not None or oouts.count(o) > 1:
@@ -346,6 +350,7 @@ class _Importer:
             raise self.err(f"{where}: subgraphs nest deeper than {MAX_SUBGRAPH_DEPTH} (a cycle?)")
         sub = _Importer(self.buf, f"{self.where} (subgraph {index})", self.name)
         sub.g, sub.used_names, sub.model, sub.opcodes, sub.depth = self.g, self.used_names, self.model, self.opcodes, depth
+        sub.finishers, sub.shared = self.finishers, self.shared
         sub.sg = self.model.Subgraphs(index)
         sub._read_tensors()
         sub._read_ops()

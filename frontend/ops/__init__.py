@@ -25,5 +25,6 @@ from . import (  # noqa: F401
     resize,
     svdf,
     transpose_conv,
+    variables,
 )
 from ._util import norm_axes  # noqa: F401

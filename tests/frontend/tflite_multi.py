@@ -5,7 +5,8 @@ import flatbuffers
 import numpy as np
 import tflite
 
-TYPES = {"float32": tflite.TensorType.FLOAT32, "bool": tflite.TensorType.BOOL, "int32": tflite.TensorType.INT32}
+TYPES = {"float32": tflite.TensorType.FLOAT32, "bool": tflite.TensorType.BOOL, "int32": tflite.TensorType.INT32,
+         "int8": tflite.TensorType.INT8, "resource": tflite.TensorType.RESOURCE}
 
 
 def _table(b, name, **fields):
@@ -31,8 +32,8 @@ class Subgraph:
     def __init__(self, name):
         self.name, self.tensors, self.ops, self.inputs, self.outputs = name, [], [], [], []
 
-    def tensor(self, name, shape, dtype="float32", data=None):
-        self.tensors.append((name, tuple(shape), dtype, data))
+    def tensor(self, name, shape, dtype="float32", data=None, scale=None, zero_point=0):
+        self.tensors.append((name, tuple(shape), dtype, data, scale, zero_point))
         return len(self.tensors) - 1
 
     def op(self, opname, ins, outs, options=None, **fields):
@@ -46,15 +47,21 @@ def build(subgraphs) -> bytes:
     sg_offs = []
     for sg in subgraphs:
         ten = []
-        for name, shape, dtype, data in sg.tensors:
+        for name, shape, dtype, data, scale, zp in sg.tensors:
             buf = 0
             if data is not None:
                 raw = np.asarray(data, dtype).tobytes()
                 buffers.append(_table(b, "Buffer", Data=b.CreateByteVector(raw)))
                 buf = len(buffers) - 1
-            ten.append(_table(b, "Tensor", Shape=_ivec(b, shape), Type=TYPES[dtype], Buffer=buf, Name=b.CreateString(name)))
+            q = None
+            if scale is not None:
+                sc, zv = b.CreateNumpyVector(np.asarray([scale], np.float32)), b.CreateNumpyVector(np.asarray([zp], np.int64))
+                q = _table(b, "QuantizationParameters", Scale=sc, ZeroPoint=zv)
+            ten.append(_table(b, "Tensor", Shape=_ivec(b, shape), Type=TYPES[dtype], Buffer=buf, Name=b.CreateString(name),
+                              Quantization=q))
         ops = []
         for opname, ins, outs, opts_name, fields in sg.ops:
+            fields = {k: b.CreateString(v) if isinstance(v, str) else v for k, v in fields.items()}
             opts = _table(b, opts_name, **fields) if opts_name else None
             ops.append(_table(b, "Operator", OpcodeIndex=codes.index(opname), Inputs=_ivec(b, ins), Outputs=_ivec(b, outs),
                               BuiltinOptionsType=getattr(tflite.BuiltinOptions, opts_name) if opts_name else None,
