@@ -3,9 +3,8 @@ or one scale per element of a rank-1 tensor (TOCO wrote quantized_dimension 3 on
 conv biases of TFLite Micro's person_detect.tflite). TFLite Micro runs such files (its loader does
 not check the field, its kernels never read a bias's quantisation); LiteRT's loader refuses them.
 Kiln follows TFLite Micro; the oracle is LiteRT on a copy with the field set to 0 (the tensor's only
-axis), which changes nothing else."""
+axis), which changes nothing else: kiln.litert (``kiln golden``, ``kiln verify``) makes that copy."""
 import os
-import struct
 
 import numpy as np
 import pytest
@@ -14,22 +13,11 @@ import tflite
 from kiln.backends import compile as compile_pkg
 from kiln.frontend import run
 from kiln.frontend.tflite_import import TFLiteImportError, load_tflite
+from kiln.litert import litert_loadable, run_litert
 from tests.frontend.tflite_builder import Builder, int8_conv_model, patch
 from tests.quantize.litert_util import assert_same, litert_run
 
 PERSON_DETECT = "/work/ext/tflm/tensorflow/lite/micro/models/person_detect.tflite"
-
-
-def for_litert(data: bytes) -> bytes:
-    """The same file with every out-of-rank quantized_dimension set to 0 (an in-place int32 edit)."""
-    buf = bytearray(data)
-    g = tflite.Model.GetRootAsModel(bytes(buf), 0).Subgraphs(0)
-    for i in range(g.TensorsLength()):
-        t = g.Tensors(i)
-        q = t.Quantization()
-        if q is not None and q.ScaleLength() and q.QuantizedDimension() >= t.ShapeLength():
-            struct.pack_into("<i", buf, q._tab.Pos + q._tab.Offset(16), 0)
-    return bytes(buf)
 
 
 def toco_conv_model(depthwise, seed=0, x_axis=None):
@@ -60,7 +48,7 @@ def test_rank1_bias_with_toco_quantized_dimension_imports_and_matches_litert(dep
     rng = np.random.default_rng(3)
     for _ in range(3):
         x = rng.integers(-128, 128, (1, 8, 8, 4)).astype(np.int8)
-        want = litert_run(for_litert(data), [x])[0]
+        want = litert_run(litert_loadable(data), [x])[0]
         assert_same(run(g, x)[0], want, "reference")
         assert_same(pkg.run(x)[0], want, "host C")
 
@@ -69,7 +57,7 @@ def test_per_tensor_scale_with_stray_quantized_dimension_imports():
     data = toco_conv_model(False, x_axis=7)         # the input: one scale, quantized_dimension 7
     assert tflite.Model.GetRootAsModel(data, 0).Subgraphs(0).Tensors(0).Quantization().QuantizedDimension() == 7
     x = np.random.default_rng(0).integers(-128, 128, (1, 8, 8, 4)).astype(np.int8)
-    assert_same(run(load_tflite(data), x)[0], litert_run(for_litert(data), [x])[0], "reference")
+    assert_same(run(load_tflite(data), x)[0], litert_run(litert_loadable(data), [x])[0], "reference")
 
 
 def test_per_channel_filter_axis_beyond_rank_still_rejected():
@@ -95,7 +83,7 @@ def test_tflm_person_detect_reference_and_host_c_match_litert(tmp_path):
     rng = np.random.default_rng(5)
     for _ in range(3):
         x = rng.integers(-128, 128, (1, 96, 96, 1)).astype(np.int8)
-        want = litert_run(for_litert(data), [x])[0]
+        want = litert_run(litert_loadable(data), [x])[0]
         assert_same(run(g, x)[0], want, "reference")
         assert_same(pkg.run(x)[0], want, "host C")
 
@@ -104,14 +92,23 @@ def test_tflm_person_detect_reference_and_host_c_match_litert(tmp_path):
 @pytest.mark.slow
 @pytest.mark.qemu
 def test_tflm_person_detect_on_board(tmp_path):
-    """The unmodified file on the emulated mps2-an386, against LiteRT's golden from the patched copy."""
+    """The file as TFLM ships it: LiteRT's golden outputs (kiln golden) and the mps2-an386 firmware."""
     from kiln.commands.golden import golden
     from kiln.commands.verify import verify
     from kiln.frontend.loader import load_model
     from kiln.samples import random_inputs
-    patched = tmp_path / "person_detect_litert.tflite"
-    patched.write_bytes(for_litert(open(PERSON_DETECT, "rb").read()))
     gold = str(tmp_path / "g.npz")
-    golden(str(patched), gold, random_inputs(load_model(PERSON_DETECT), 2, seed=4))
+    golden(PERSON_DETECT, gold, random_inputs(load_model(PERSON_DETECT), 2, seed=4))
     rep = verify(PERSON_DETECT, gold, "mps2-an386", options={"out": str(tmp_path / "board")})
     assert rep["ok"] and rep["matched"] == 2, rep["results"]
+
+
+def test_the_litert_oracle_loads_such_files(tmp_path):
+    """kiln.litert (kiln golden / verify) gives LiteRT the loadable copy; other files pass unchanged."""
+    data = toco_conv_model(True)
+    p = tmp_path / "toco.tflite"
+    p.write_bytes(data)
+    x = np.random.default_rng(1).integers(-128, 128, (1, 8, 8, 4)).astype(np.int8)
+    assert_same(run_litert(p, [(x,)])[0][0], run(load_tflite(data), x)[0], "oracle")
+    plain = int8_conv_model()
+    assert litert_loadable(plain) is plain
