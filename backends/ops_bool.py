@@ -1,10 +1,11 @@
 """C kernels of the ops with bool operands or results on quantised (int8) inputs: the comparisons
-(TFLite's int8 EQUAL ... GREATER_EQUAL: both sides rescaled with left shift 8, then compared) and
-SELECT_V2 (``where``: int8 codes copied as they are). Bool tensors are one byte each in C (0 or 1,
-``lower.c_storage``); float and bool-only cases (logical ops, cast) are the ops' TE computes."""
+(TFLite's int8 EQUAL ... GREATER_EQUAL: both sides rescaled with left shift 8, then compared),
+SELECT_V2 (``where``: int8 codes copied as they are) and CAST of a quantised tensor (its codes).
+Bool tensors are one byte each in C (0 or 1, ``lower.c_storage``); float and bool-only cases
+(logical ops, casts of float or bool) are the ops' TE computes."""
 from __future__ import annotations
 
-from tvm import te
+from tvm import te, tirx
 
 from kiln.frontend.ops.elementwise_int8 import CMP_LEFT_SHIFT, cmp_params
 
@@ -58,3 +59,16 @@ def _where_int8(k, node, xs):
     cnd, a, b = xs
     return te.compute(_out_shape(ty), lambda *i: te.if_then_else(_load(cnd, tc, ty, i), _load(a, t1, ty, i),
                                                                   _load(b, t2, ty, i)), name="where")
+
+
+@lower_rule("cast")
+def _cast_codes(k, node, xs):
+    """CAST of a quantised tensor: TFLite converts the stored codes and ignores the quantisation
+    (int8 -> bool is ``code != 0``, int8 -> float32 the code's value), as the op's reference does."""
+    if not _q(k, node):
+        return None
+    x, tx, ty = xs[0], k.type(node.inputs[0]), k.type(node.name)
+    k.inplace_hints_of_op()
+    if ty.dtype == "bool":
+        return te.compute(_out_shape(ty), lambda *i: _load(x, tx, ty, i) != tirx.const(0, x.dtype), name="cast")
+    return te.compute(_out_shape(ty), lambda *i: _load(x, tx, ty, i).astype(ty.dtype), name="cast")

@@ -88,6 +88,20 @@ def test_bool_graph_output_of_a_data_movement_op(tmp_path):
     np.testing.assert_array_equal(pkg.run(x)[0], (x > 0).reshape(3, 4))
 
 
+@pytest.mark.parametrize("dtype", ["bool", "float32", "int32"])
+def test_cast_of_a_quantised_tensor_converts_the_codes(dtype, tmp_path):
+    """TFLite's CAST ignores quantisation: int8 -> bool is code != 0, int8 -> float32 the code."""
+    g = Graph("cast_codes")
+    g.add_input("a", TensorType((2, 5), "int8", _q(0.05, 3)))
+    g.add_node("cast", ["a"], {"dtype": dtype}, name="y", out_type=TensorType((2, 5), dtype))
+    g.outputs = ["y"]
+    x = np.array([[-128, -1, 0, 1, 3], [127, 2, -3, 0, 5]], np.int8)
+    want = litert_run(export_tflite(g), [x])[0]
+    pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
+    assert_same(run(g, x)[0], want, "reference")
+    assert_same(pkg.run(x)[0], want, "host C")
+
+
 @pytest.mark.slow
 @pytest.mark.qemu
 @pytest.mark.parametrize("dtype", ["float32", "int8"])
