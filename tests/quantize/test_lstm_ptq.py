@@ -119,3 +119,26 @@ def test_16x8_lstm_is_refused_by_name():
     g = load_tflite(os.path.join(DATA, "trained_lstm.tflite"))
     with pytest.raises(QuantizationError, match="8x8_16 integer LSTM"):
         ptq(g, _calibration(4), activations="int16")
+
+
+@pytest.mark.parametrize("clip,int8_io", [(0.0, True), (0.8, False)])
+def test_functional_lstm_quantises_bit_exact(clip, int8_io):
+    """F.lstm with random weights (batch 2, cell clip, float or int8 graph I/O): LiteRT agrees."""
+    from kiln.frontend import functional as F
+    rng = np.random.default_rng(int(clip * 10))
+    N, T, I, H = 2, 5, 3, 4
+    wx, wh = ([rng.standard_normal(s).astype(np.float32) * 0.5 for _ in range(4)] for s in ((H, I), (H, H)))
+    b = [rng.standard_normal(H).astype(np.float32) * 0.3 for _ in range(4)]
+    z = np.zeros((N, H), np.float32)
+
+    def consts(arrays):
+        return [F.constant(a) for a in arrays]
+    g = kf.trace(lambda x: F.lstm(x, consts(wx), consts(wh), consts(b), F.constant(z), F.constant(z), cell_clip=clip),
+                 (N, T, I))
+    q = ptq(g, rng.standard_normal((16, T, I)).astype(np.float32), int8_io=int8_io)
+    model = export_tflite(q)
+    x = rng.standard_normal((N, T, I)).astype(np.float32)
+    if int8_io:
+        s, zp = q.types[q.inputs[0]].quant.scale[0], q.types[q.inputs[0]].quant.zero_point[0]
+        x = np.clip(np.round(x / s) + zp, -128, 127).astype(np.int8)
+    assert_same(run(q, x)[0], litert_run(model, [x])[0], "lstm")
