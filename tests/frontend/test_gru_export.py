@@ -17,6 +17,15 @@ from kiln.quantize.tflite_export import export_tflite
 from tests.quantize.litert_util import assert_same, litert_run
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _keep_layer_rng():
+    """These tests seed the layer generator; later tests' random layers stay as they would be."""
+    from kiln.frontend import module
+    saved, count = module._rng, module.Dropout._count
+    yield
+    module._rng, module.Dropout._count = saved, count
+
+
 def gru_model(n, t, i, h, seed=0, head=False):
     kf.manual_seed(seed)
     gru = kf.GRU(i, h)
