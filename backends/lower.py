@@ -17,7 +17,7 @@ import dataclasses
 import hashlib
 
 import numpy as np
-from tvm import s_tir, te
+from tvm import s_tir, te, tirx
 
 from kiln.frontend.errors import KilnError
 from kiln.frontend.ops import te_helpers as T
@@ -141,16 +141,32 @@ class KernelBuilder:
         kind = "const" if value in self.consts else "value"
         if t.dtype == "int64" and kind == "const" and int16_bias_reader(self, value):
             return None       # a 16x8 bias: its rule reads the constant (k.value) and stores int32 parts
-        if t.dtype in ("bfloat16", "float16", "float64", "bool", "int64"):
+        if t.dtype in ("bfloat16", "float16", "float64", "int64"):
             self.fail(f"dtype {t.dtype} of {value!r} is not supported by the C backend")
-        ph = te.placeholder(t.shape or (1,), t.dtype, name=c_ident(value))
-        self.placeholders[ph] = Arg(kind, value, t.dtype, t.nbytes)
-        self._by_value[value] = ph
-        return ph
+        ph = te.placeholder(t.shape or (1,), c_storage(t.dtype), name=c_ident(value))
+        self.placeholders[ph] = Arg(kind, value, c_storage(t.dtype), t.nbytes)
+        self._by_value[value] = bool_view(ph) if t.dtype == "bool" else ph
+        return self._by_value[value]
+
+
+# ---- bool tensors: one byte each (0 or 1, as NumPy and TFLite store them), uint8 in C ---------------
+def c_storage(dtype):
+    """The C element type a Kiln dtype is stored as (bool: uint8)."""
+    return "uint8" if dtype == "bool" else dtype
+
+
+def bool_view(ph):
+    """A stored bool tensor (uint8) as the bool values the ops' TE computes take."""
+    return te.compute(ph.shape, lambda *i: tirx.NE(ph(*i), tirx.const(0, "uint8")), name=f"{ph.op.name}_b")
+
+
+def bool_store(out):
+    """A kernel's bool result as the bytes it stores (0 or 1)."""
+    return te.compute(out.shape, lambda *i: out(*i).astype("uint8"), name=f"{out.op.name}_u8")
 
 
 # data the C backend's kernels read and write
-C_DTYPES = ("float32", "int32", "int16", "int8", "uint8")
+C_DTYPES = ("float32", "int32", "int16", "int8", "uint8", "bool")
 
 
 def c_lowerable(op_name):
@@ -319,7 +335,9 @@ def lower_group(graph, group, target, consts, kname) -> Kernel:
         out = lower_node(k, node, xs)
         env[node.name] = out
     want = graph.types[group.out]
-    if tuple(int(s) for s in out.shape) != (tuple(want.shape) or (1,)) or out.dtype != want.dtype:
+    if want.dtype == "bool" and out.dtype == "bool":
+        out = bool_store(out)
+    if tuple(int(s) for s in out.shape) != (tuple(want.shape) or (1,)) or out.dtype != c_storage(want.dtype):
         raise LoweringError(f"node {group.nodes[-1].name!r}: lowering produced {out.dtype}{list(out.shape)}, "
                             f"graph says {want}")
     if _is_reduction_op(out):
@@ -338,7 +356,7 @@ def lower_group(graph, group, target, consts, kname) -> Kernel:
         elif p.scratch_bytes:
             args.append(Arg("scratch", f"{kname}.{p.name}", p.dtype, p.scratch_bytes, writes=True))
         elif p.name == out.op.name:
-            args.append(Arg("value", group.out, want.dtype, want.nbytes, writes=True))
+            args.append(Arg("value", group.out, c_storage(want.dtype), want.nbytes, writes=True))
         else:
             raise LoweringError(f"kernel {kname}: unexpected parameter {p.name!r}")
     kern = Kernel(kname, [n.name for n in group.nodes], [n.op for n in group.nodes], group.out, args,

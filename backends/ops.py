@@ -1,6 +1,7 @@
 """Importing this module registers the C backend's overrides in the op registry (``deflower(op, "c")``:
 int8 and DSP kernels; everything else is lowered with the op's TE compute, ``lower.lower_te``)."""
 from . import (  # noqa: F401
+    ops_bool,
     ops_dense,
     ops_detection,
     ops_elementwise,

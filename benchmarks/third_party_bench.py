@@ -29,14 +29,15 @@ import numpy as np
 from kiln.frontend import KilnError
 from kiln.frontend.executor import run_stateful
 from kiln.frontend.tflite_import import load_tflite
-from kiln.litert import refuse_unsupported
+from kiln.litert import litert_loadable, refuse_unsupported
 
 SECTION = "## Third-party models"
 
 
 def litert(path):
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
-    it = Interpreter(model_path=path, experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+    with open(path, "rb") as f:       # litert_loadable: TFLM files LiteRT's loader refuses (person_detect)
+        it = Interpreter(model_content=litert_loadable(f.read()), experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
     it.allocate_tensors()
     return it
 

@@ -204,7 +204,9 @@ class _Converter:
                                     f"{', '.join(quantizable_ops())}")
         dt = self.layer.get(n.name, self.default)
         _, _, fixed16, qbias = _ACT[dt]
-        if rule.inputs == "weights":
+        if rule.convert is not None:           # the op quantises its own operands (lstm)
+            inputs, oq = rule.convert(self, n, dt)
+        elif rule.inputs == "weights":
             x = self.operand(n.inputs[0], dt)
             inputs = [x] + _weights_and_bias(self.q, n, self.tensors, self.q.types[x].quant.scale[0],
                                              self.per_channel, self.weight_qparams, qbias)

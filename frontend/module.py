@@ -509,8 +509,10 @@ class LSTM(Module):
 class GRU(Module):
     """One-layer GRU over [N, T, input_size] (batch first) returning [N, T, hidden_size] from a
     zero state, PyTorch's equations (gates r, z, n; ``n = tanh(W_in x + b_in + r * (W_hn h +
-    b_hn))``, ``h = (1 - z) * n + z * h``) unrolled over time into dense, slice, sigmoid, tanh,
-    mul and add nodes (what a converter writes: TFLite has no fused GRU). Parameters per gate:
+    b_hn))``, ``h = (1 - z) * n + z * h``, computed as ``n + z * (h - n)``) unrolled over time into
+    dense, slice, sigmoid, tanh, mul, add and sub nodes, which export as FULLY_CONNECTED,
+    STRIDED_SLICE, LOGISTIC, TANH, MUL, ADD, SUB, RESHAPE and a final CONCATENATION (what a converter
+    writes for a static sequence length: TFLite has no fused GRU), float or int8. Parameters per gate:
     ``weight_ih.k`` [H, I], ``weight_hh.k`` [H, H], ``bias_ih.k``, ``bias_hh.k`` [H]."""
 
     def __init__(self, input_size, hidden_size):
@@ -529,7 +531,7 @@ class GRU(Module):
             hr, hz, hn = (F.dense(h, self.weight_hh[k], self.bias_hh[k]) for k in range(3))
         r, z = F.sigmoid(xr + hr), F.sigmoid(xz + hz)
         n = F.tanh(xn + r * hn)
-        return n + z * n * -1.0 if h is None else n + z * (h + n * -1.0)
+        return F.sub(n, z * n) if h is None else n + z * F.sub(h, n)
 
     def forward(self, x):
         N, T, I = x.shape

@@ -60,6 +60,12 @@ class Quant:
     output: str = "calibrated"
     fixed: tuple | None = None
     inputs: str = "operands"
+    # ops whose operands each need their own treatment (lstm: int8 weights, int32 biases, int16
+    # cell state): ``convert(conv, node, dtype) -> (quantised input names, output QParams)`` with
+    # the converter ``conv`` (frontend/int8_convert.py), and ``observe(input arrays, attrs) ->
+    # {tag: array}``: internal values calibration records as ranges["<node>:<tag>"]
+    convert: Callable | None = None
+    observe: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)

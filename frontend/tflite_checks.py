@@ -49,9 +49,11 @@ def quantization(err, where, dtype, shape, scales, zps, axis):
         return None
     if nz != ns:
         raise err(f"{where}: {ns} scales but {nz} zero points; TFLite needs one zero point per scale")
-    if axis < 0 or (shape and axis >= len(shape)):
+    if axis < 0 or (shape and axis >= len(shape) and not _axis_unused(shape, ns)):
         raise err(f"{where}: quantized_dimension = {axis} is out of range: allowed 0..{max(len(shape) - 1, 0)} "
                   f"for shape {list(shape)}")
+    if shape and axis >= len(shape):
+        axis = 0                    # TFLM's reading of a rank-1 tensor's stray axis (see _axis_unused)
     if ns != 1 and shape and shape[axis] != ns:
         raise err(f"{where}: {ns} per-channel scales on quantized_dimension {axis} of shape {list(shape)}; "
                   f"need 1 or {shape[axis]}")
@@ -69,6 +71,15 @@ def quantization(err, where, dtype, shape, scales, zps, axis):
     if ns > 1:
         return QParams(tuple(float(s) for s in np.asarray(scales, np.float32)), tuple(int(z) for z in zps), axis)
     return QParams((float(np.float32(scales[0])),), (int(zps[0]),), None)
+
+
+def _axis_unused(shape, ns):
+    """Whether a quantized_dimension beyond the rank carries no information: one scale (per tensor),
+    or a rank-1 tensor with one scale per element (its only axis). TOCO wrote quantized_dimension 3
+    on per-channel conv biases (TFLite Micro's person_detect.tflite); TFLite Micro's loader does
+    not check the field and its kernels never read a bias's quantisation, so it runs such files,
+    while LiteRT's ParseQuantization refuses them. Kiln follows TFLite Micro here."""
+    return ns == 1 or (len(shape) == 1 and shape[0] == ns)
 
 
 def multiplier(err, where, real, what):

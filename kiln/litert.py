@@ -7,8 +7,10 @@ ResNet-8), so the reference resolver is always used."""
 from __future__ import annotations
 
 import os
+import struct
 
 import numpy as np
+import tflite
 
 from kiln.frontend.errors import KilnError
 from kiln.frontend.loader import load_model
@@ -46,11 +48,36 @@ def interpreter(path):
         raise OracleError(f"LiteRT (ai-edge-litert) is not importable: {e}; reinstall Kiln's dependencies "
                           f"(bash scripts/setup.sh)") from None
     try:
-        it = Interpreter(model_path=os.fspath(path), experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+        with open(os.fspath(path), "rb") as f:
+            data = litert_loadable(f.read())
+        it = Interpreter(model_content=data, experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
         it.allocate_tensors()
     except Exception as e:   # LiteRT raises RuntimeError/ValueError with its own message
         raise OracleError(f"{path}: LiteRT's reference kernels cannot run this model: {str(e).strip()[:500]}") from None
     return it
+
+
+def litert_loadable(data: bytes) -> bytes:
+    """The model with each quantized_dimension beyond a tensor's rank set to 0 where it carries no
+    information (one scale, or one per element of a rank-1 tensor: TOCO's conv biases in TFLite
+    Micro's person_detect.tflite). TFLite Micro and Kiln accept such files, LiteRT's loader refuses
+    them; the edit is an in-place int32 write that changes nothing else. Other files come back as
+    they are."""
+    try:
+        g = tflite.Model.GetRootAsModel(data, 0).Subgraphs(0)
+        n = g.TensorsLength()
+    except Exception:      # not a readable model: LiteRT reports it
+        return data
+    buf = None
+    for i in range(n):
+        t = g.Tensors(i)
+        q = t.Quantization()
+        if q is None or not q.ScaleLength() or q.QuantizedDimension() < t.ShapeLength():
+            continue
+        if q.ScaleLength() == 1 or (t.ShapeLength() == 1 and t.Shape(0) == q.ScaleLength()):
+            buf = buf if buf is not None else bytearray(data)
+            struct.pack_into("<i", buf, q._tab.Pos + q._tab.Offset(16), 0)
+    return data if buf is None else bytes(buf)
 
 
 def run_litert(path, samples, stream=False) -> list[tuple]:

@@ -20,6 +20,7 @@ from kiln.frontend import run
 from kiln.frontend.errors import KilnError
 from kiln.frontend.graph_passes import with_batch
 from kiln.frontend.int8_convert import qparams16_from_range, qparams_from_range  # noqa: F401
+from kiln.frontend.registry import get_op
 
 METHODS = ("minmax", "percentile", "mse")
 SAMPLE = 200_000
@@ -134,7 +135,19 @@ def observe(graph, data, batch_size=64, seed=0):
             obs[name].update(x)
         for n in nodes:
             obs[n].update(kept[n])
+        _observe_internal(g, xs, kept, obs, rng)
     return obs
+
+
+def _observe_internal(g, xs, kept, obs, rng):
+    """Internal values an op's Quant rule asks for (``observe``: the lstm's cell state), as
+    obs["<node>:<tag>"]."""
+    env = {**g.consts, **g.params, **dict(zip(g.inputs, xs)), **kept}
+    for n in g.nodes:
+        rule = get_op(n.op).quant
+        if rule is not None and rule.observe is not None:
+            for tag, v in rule.observe([np.asarray(env[i]) for i in n.inputs], n.attrs).items():
+                obs.setdefault(f"{n.name}:{tag}", Observer(rng)).update(v)
 
 
 def calibrate(graph, data, method="minmax", percentile=99.99, batch_size=64, activations="int8"):

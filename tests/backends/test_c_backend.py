@@ -344,12 +344,12 @@ def test_int8_op_without_int8_kernel_names_node(tmp_path):
         compile_pkg(g, target="cortex-m4", out_dir=tmp_path, measure_size=False)
 
 
-def test_bool_result_names_node(tmp_path):
+def test_unsupported_result_dtype_names_node(tmp_path):
     g = Graph("bad")
     g.add_input("x", TensorType((4,)))
-    g.add_node("less", ["x", "x"], name="cmp_here")
-    g.outputs = ["cmp_here"]
-    with pytest.raises(LoweringError, match=r"cmp_here.*bool"):
+    g.add_node("cast", ["x"], {"dtype": "int64"}, name="cast_here")
+    g.outputs = ["cast_here"]
+    with pytest.raises(LoweringError, match=r"cast_here.*int64"):
         compile_pkg(g, target="cortex-m4", out_dir=tmp_path, measure_size=False)
 
 

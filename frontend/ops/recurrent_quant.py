@@ -1,0 +1,88 @@
+"""Post-training quantisation of ``lstm`` (frontend/ops/recurrent.py) to TFLite's 8x8_16 integer LSTM,
+as TensorFlow's converter quantises a Keras LSTM:
+
+- input ``x``: int8 asymmetric from its calibrated range (as any activation);
+- the 8 gate weight matrices: int8 symmetric *per tensor* (narrow range, scale max|w| / 127);
+- the 4 gate biases: int32, scale ``s_x * s_w`` of that gate's input weights, zero point 0;
+- the output, which is also the output state ``h0`` (TFLite's kernel feeds one step's output back as
+  the next step's input): int8 from the symmetric range [-m, m], m the largest |h| calibration
+  saw (scale 2m / 255, zero point 0: the hidden state lies in (-1, 1) and is symmetric);
+- the cell state ``c0``: int16 with a power-of-two scale ``2**ceil(log2(m_c)) / 32768``, m_c the
+  largest |c| calibration saw (the kernel's tanh needs it; TFLite's ``CheckedLog2``), bounded to
+  the kernel's 2**-21 .. 2**-9;
+- the converter's five intermediates are written by the exporter (recurrent_tflite.py).
+
+The cell state is internal to the op: calibration records it through ``observe`` (every step's c).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..int8_convert import QuantizationError, qparams_from_range, quantize_weights
+from ..registry import Quant, get_op
+from ..types import QParams
+from .recurrent import GATES, _clip, _sigmoid
+
+CELL_LOG2 = (-21, -9)       # cell scale exponents TFLite's integer LSTM accepts
+
+
+def _cells(xs, a):
+    """Every step's cell state of the float LSTM (the reference's recurrence)."""
+    x, wx, wh, b, h, c = xs[0], xs[1:5], xs[5:9], xs[9:13], xs[13], xs[14]
+    xb = np.swapaxes(x, 0, 1) if a["time_major"] else x
+    cs = []
+    for t in range(xb.shape[1]):
+        pre = [xb[:, t] @ wx[k].T + h @ wh[k].T + b[k] for k in range(4)]
+        c = _clip(_sigmoid(pre[1]) * c + _sigmoid(pre[0]) * np.tanh(pre[2]), a["cell_clip"])
+        h = _sigmoid(pre[3]) * np.tanh(c)
+        cs.append(c)
+    return {"cell": np.stack(cs)}
+
+
+def cell_qparams(lo, hi):
+    """int16 cell-state quantisation: power-of-two scale covering max(|lo|, |hi|)."""
+    m = max(abs(float(lo)), abs(float(hi)))
+    e = math.ceil(math.log2(m)) - 15 if m > 0 else CELL_LOG2[0]
+    return QParams((2.0 ** min(max(e, CELL_LOG2[0]), CELL_LOG2[1]),), (0,))
+
+
+def _const(conv, name, data, qp):
+    return conv.q.add_const(conv.q.fresh(name), data, qp)
+
+
+def _lstm_convert(conv, n, dt):
+    if dt != "int8":
+        raise QuantizationError(f"node {n.name!r}: lstm quantises to TFLite's 8x8_16 integer LSTM (int8 "
+                                f"activations); 16x8 LSTMs are not supported")
+    tensors = conv.tensors
+    missing = [v for v in n.inputs[1:] if v not in tensors]
+    if missing:
+        raise QuantizationError(f"node {n.name!r}: lstm weights, biases and initial states must be constants or "
+                                f"parameters; {missing[0]!r} is computed")
+    x = conv.operand(n.inputs[0], dt)
+    s_x = conv.q.types[x].quant.scale[0]
+    if n.name not in conv.ranges or f"{n.name}:cell" not in conv.ranges:
+        raise QuantizationError(f"node {n.name!r}: no calibration range for the lstm output or its cell state")
+    m = max(abs(v) for v in conv.ranges[n.name])
+    hq = qparams_from_range(-m, m)
+    cq = cell_qparams(*conv.ranges[f"{n.name}:cell"])
+    ins = [x]
+    scales = []
+    for v in n.inputs[1:9]:
+        wq, wqp = quantize_weights(tensors[v], per_channel=False)
+        scales.append(wqp.scale[0])
+        ins.append(_const(conv, f"{v}_int8", wq, wqp))
+    for k, v in enumerate(n.inputs[9:13]):
+        bs = float(np.float32(np.float32(s_x) * np.float32(scales[k])))
+        bq = np.clip(np.round(np.asarray(tensors[v], np.float64) / bs), -(1 << 31), (1 << 31) - 1).astype(np.int32)
+        ins.append(_const(conv, f"{v}_int32_{GATES[k]}", bq, QParams((bs,), (0,))))
+    for v, qp, dtype, lim in ((n.inputs[13], hq, "int8", 127), (n.inputs[14], cq, "int16", 32767)):
+        s, z = qp.scale[0], qp.zero_point[0]
+        data = np.clip(np.round(np.asarray(tensors[v], np.float64) / s) + z, -lim - 1, lim).astype(dtype)
+        ins.append(_const(conv, f"{v}_{dtype}", data, qp))
+    return ins, hq
+
+
+get_op("lstm").quant = Quant(convert=_lstm_convert, observe=_cells)

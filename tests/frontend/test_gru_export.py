@@ -1,0 +1,90 @@
+"""nn.GRU exported as the graph a converter writes for a static sequence (TFLite has no fused GRU):
+per step FULLY_CONNECTED, LOGISTIC, TANH, MUL, ADD, SUB, then one CONCATENATION of the steps. Float:
+LiteRT agrees with Kiln to float32 rounding; int8 (``ptq``): LiteRT's reference kernels, Kiln's
+reference, the re-imported file, the host C package and (slow) the mps2-an386 firmware agree
+element for element."""
+import numpy as np
+import pytest
+import tflite
+
+import kiln.frontend as kf
+from kiln.backends import compile as compile_pkg
+from kiln.frontend import functional as F
+from kiln.frontend import run
+from kiln.frontend.tflite_import import load_tflite, opcode_name
+from kiln.quantize import ptq
+from kiln.quantize.tflite_export import export_tflite
+from tests.quantize.litert_util import assert_same, litert_run
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _keep_layer_rng():
+    """These tests seed the layer generator; later tests' random layers stay as they would be."""
+    from kiln.frontend import module
+    saved, count = module._rng, module.Dropout._count
+    yield
+    module._rng, module.Dropout._count = saved, count
+
+
+def gru_model(n, t, i, h, seed=0, head=False):
+    kf.manual_seed(seed)
+    gru = kf.GRU(i, h)
+    lin = kf.Linear(h, 3)
+    if head:      # a classifier on the last step
+        return kf.trace(lambda x: lin(F.reshape(F.slice(gru(x), [0, t - 1, 0], [n, t, h]), [n, h])), (n, t, i))
+    return kf.trace(gru, (n, t, i))
+
+
+def ops_of(model: bytes):
+    m = tflite.Model.GetRootAsModel(model, 0)
+    sg = m.Subgraphs(0)
+    return [opcode_name(m.OperatorCodes(sg.Operators(k).OpcodeIndex())) for k in range(sg.OperatorsLength())]
+
+
+def int8_gru(n, t, i, h, seed=0, head=False):
+    g = gru_model(n, t, i, h, seed, head)
+    cal = np.random.default_rng(seed + 1).standard_normal((32, t, i)).astype(np.float32)
+    return ptq(g, cal, int8_io=True)
+
+
+@pytest.mark.parametrize("n,t,i,h", [(1, 4, 3, 5), (2, 6, 4, 3), (3, 1, 2, 8)])
+def test_float_gru_exports_as_unrolled_builtins(n, t, i, h):
+    g = gru_model(n, t, i, h)
+    model = export_tflite(g)
+    ops = ops_of(model)
+    assert set(ops) <= {"STRIDED_SLICE", "RESHAPE", "FULLY_CONNECTED", "LOGISTIC", "TANH", "MUL", "ADD", "SUB",
+                        "CONCATENATION"}, ops
+    assert ops.count("TANH") == t and ops.count("LOGISTIC") == 2 * t and ops.count("SUB") == t
+    x = np.random.default_rng(2).standard_normal((n, t, i)).astype(np.float32)
+    want = litert_run(model, [x])[0]
+    np.testing.assert_allclose(run(g, x)[0], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(run(load_tflite(model), x)[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n,t,i,h,head", [(1, 4, 3, 5, False), (2, 6, 4, 3, True), (3, 1, 2, 8, False)])
+def test_int8_gru_round_trip_bit_exact(n, t, i, h, head, tmp_path):
+    q = int8_gru(n, t, i, h, head=head)
+    model = export_tflite(q)
+    back = load_tflite(model)
+    pkg = compile_pkg(q, target="host", out_dir=tmp_path, plot=False, measure_size=False)
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        x = rng.integers(-128, 128, (n, t, i)).astype(np.int8)
+        want = litert_run(model, [x])[0]
+        assert_same(run(q, x)[0], want, "reference")
+        assert_same(run(back, x)[0], want, "re-imported")
+        assert_same(pkg.run(x)[0], want, "host C")
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_int8_gru_on_board(tmp_path):
+    from kiln.commands.golden import golden
+    from kiln.commands.verify import verify
+    path = tmp_path / "gru_int8.tflite"
+    path.write_bytes(export_tflite(int8_gru(1, 5, 3, 6, head=True)))
+    rng = np.random.default_rng(7)
+    gold = str(tmp_path / "g.npz")
+    golden(str(path), gold, [[rng.integers(-128, 128, (1, 5, 3)).astype(np.int8)] for _ in range(2)])
+    rep = verify(str(path), gold, "mps2-an386", options={"out": str(tmp_path / "board")})
+    assert rep["ok"] and rep["matched"] == 2, rep["results"]
