@@ -17,10 +17,11 @@ import numpy as np
 from .. import functional as F
 from .. import tflite_checks as chk
 from ..errors import ShapeError
-from ..registry import NONDIFF, QUANTIZABLE, REDUCTION, SHAPE, Attr, defrule, register
+from ..registry import NONDIFF, QUANTIZABLE, REDUCTION, SHAPE, Attr, defrule, get_op, register
 from . import reduce_shape as rs
 from . import tflite_util as tfl
 from ._util import norm_axes, reduced_shape, tt
+from .int8util import same_quant
 
 chk.VERSIONS.update({"DYNAMIC_UPDATE_SLICE": 1, "REDUCE_ALL": 1, "BROADCAST_ARGS": 1})
 
@@ -210,3 +211,19 @@ def _tfl_export_reduce_all(e, n, act, out, int8):
 defrule("dynamic_update_slice", "te")(_dus_te)
 defrule("dynamic_slice", "te")(_ds_te)
 defrule("reduce_all", "te")(_all_te)
+
+
+def _raw_copy(op, n_quantised):
+    """int8 / int16: the raw values move (TFLite copies bytes), so the quantised operands and the
+    output share one quantisation."""
+    def rule(xs, attrs, in_types, out_type):
+        for t in in_types[:n_quantised]:
+            same_quant(t, out_type, op)
+        return get_op(op).ref(xs, attrs)
+    rule.__name__ = f"{op}_int8"
+    return rule
+
+
+defrule("dynamic_update_slice", "int8_ref")(_raw_copy("dynamic_update_slice", 2))
+defrule("dynamic_slice", "int8_ref")(_raw_copy("dynamic_slice", 1))
+
