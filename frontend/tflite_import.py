@@ -182,6 +182,14 @@ class _Importer:
                 raise self.err(f"{where}: type {_TYPE_NAMES.get(ttype, ttype)} is not one Kiln imports")
             dtype = _TYPES[ttype]
             self._unsupported_tensor_fields(t, where)
+            if dtype == "resource":            # a variable's handle: no data, no quantisation
+                if t.Quantization() is not None or (nb and self.model.Buffers(int(t.Buffer())).DataLength()
+                                                    if 0 <= int(t.Buffer()) < nb else False):
+                    raise self.err(f"{where}: a RESOURCE (variable handle) tensor holds data or quantisation "
+                                   f"parameters; TFLite's VAR_HANDLE outputs carry neither")
+                self.tensors.append(dict(name=tname, shape=shape, dtype=dtype, quant=None, data=None,
+                                         variable=bool(t.IsVariable())))
+                continue
             quant = self._quant(t, where, dtype, shape)
             bidx = int(t.Buffer())
             if not 0 <= bidx < max(nb, 1) or (nb == 0 and bidx != 0):
@@ -277,6 +285,9 @@ class _Importer:
 
     def _ttype(self, i):
         t = self.tensors[i]
+        if t["dtype"] == "resource":
+            raise self.err(f"{self.label(i)} is a RESOURCE (variable handle) tensor where a value is expected; "
+                           f"only VAR_HANDLE / READ_VARIABLE / ASSIGN_VARIABLE use handles")
         return TensorType(t["shape"], t["dtype"], t["quant"])
 
     def _io_list(self, what, vec_len, vec):

@@ -74,9 +74,11 @@ def litert_loadable(data: bytes) -> bytes:
         q = t.Quantization()
         if q is None or not q.ScaleLength() or q.QuantizedDimension() < t.ShapeLength():
             continue
-        if q.ScaleLength() == 1 or (t.ShapeLength() == 1 and t.Shape(0) == q.ScaleLength()):
+        slot = q._tab.Offset(16)      # 0: the field is absent (it reads 0; nothing to rewrite)
+        if slot and q.QuantizedDimension() != 0 and \
+                (q.ScaleLength() == 1 or (t.ShapeLength() == 1 and t.Shape(0) == q.ScaleLength())):
             buf = buf if buf is not None else bytearray(data)
-            struct.pack_into("<i", buf, q._tab.Pos + q._tab.Offset(16), 0)
+            struct.pack_into("<i", buf, q._tab.Pos + slot, 0)
     return data if buf is None else bytes(buf)
 
 

@@ -87,8 +87,8 @@ def _export(e, n, act, out, int8):
     fields = {}
     if builtin in _FUSED:
         fields["FusedActivationFunction"] = tfl.ACT_CODES[act]
-    if builtin == "SUB" and e.g.types[out].dtype == "int16":
-        fields["PotScaleInt16"] = False         # 16x8: the general-scale kernel (TFLite Micro's only one)
+        if builtin == "SUB" and e.g.types[out].dtype == "int16":
+            fields["PotScaleInt16"] = False     # 16x8: the general-scale kernel (TFLite Micro's only one)
     elif builtin == "LEAKY_RELU":
         fields["Alpha"] = float(n.attrs["alpha"])
     else:

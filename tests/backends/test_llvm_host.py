@@ -159,6 +159,8 @@ def _op_table():
     g.add_const("dstart", np.asarray([2, -1, 4], np.int32))                 # clamped to [1, 0, 3]
     node("dynamic_update_slice", [a, node("dynamic_slice", [a, "dstart"], size=[2, 3, 2]), "dstart"])
     node("reduce_all", [node("greater", [a, a])], axes=[1], keepdims=False)
+    sv = node("svdf_state", [inp((2, 5)), inp((6, 5)), inp((2, 18))])
+    node("svdf", [sv, inp((6, 3)), inp((3,))], rank=2, activation="relu")
     g.outputs = [o for o in outs if g.types[o].dtype != "bool"]
     return g.validate(), feeds
 

@@ -415,6 +415,23 @@ case("dynamic_update_slice", "dynamic_update_slice", lambda x, u: F.dynamic_upda
      [normal(3, 5), normal(2, 3)])
 case("dynamic_slice", "dynamic_slice", lambda x: F.dynamic_slice(x, [-1, 4], [2, 3]), lambda x: x[0:2, 2:5],
      [normal(3, 5)])
+# frontend/ops/svdf.py: the state update (memory shifted, newest column = x @ wf.T) and the output
+
+
+def _torch_svdf_state(x, wf, st):
+    s = st.reshape(2, 6, 3)
+    return torch.cat([s[:, :, 1:], (x @ wf.T)[:, :, None]], dim=2).reshape(2, 18)
+
+
+def _torch_svdf(st, wt, b):
+    scratch = (st.reshape(2, 6, 3) * wt[None]).sum(2)
+    return torch.relu(b[None] + scratch.reshape(2, 3, 2).sum(2))
+
+
+case("svdf_state", "svdf_state", lambda x, wf, st: F.emit("svdf_state", [x, wf, st]), _torch_svdf_state,
+     [normal(2, 5), normal(6, 5), normal(2, 18)])
+case("svdf", "svdf", lambda st, wt, b: F.emit("svdf", [st, wt, b], rank=2, activation="relu"), _torch_svdf,
+     [normal(2, 18), normal(6, 3), normal(3)])
 case("reduce_all", "reduce_all", lambda b: F.reduce_all(b, [0, 2], keepdims=True),
      lambda b: torch.all(torch.all(b, 0, keepdim=True), 2, keepdim=True), [booleans(3, 4, 2)], grad=False)
 

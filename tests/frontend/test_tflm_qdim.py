@@ -112,3 +112,13 @@ def test_the_litert_oracle_loads_such_files(tmp_path):
     assert_same(run_litert(p, [(x,)])[0][0], run(load_tflite(data), x)[0], "oracle")
     plain = int8_conv_model()
     assert litert_loadable(plain) is plain
+
+
+def test_loadable_copy_leaves_other_files_byte_identical():
+    """A file whose quantized_dimension fields are absent or in range (a quantised scalar: PADV2's
+    constant value) comes back unchanged; writing through an absent field's offset 0 used to
+    overwrite the table's first field (here the scalar's zero point)."""
+    from kiln.litert import litert_loadable
+    from tests.ops_shape.test_composed_model import composed_model
+    buf = composed_model()
+    assert litert_loadable(buf) == buf

@@ -302,3 +302,20 @@ def test_int8_log_neg_all_codes(op, zi, zo, ls, lo):
     g = single_op(op, [("x", TensorType(x.shape, "int8", q(2.0 ** ls, zi)), None)], {}, q(2.0 ** lo, zo))
     got, want = compare(g, [x])
     assert_same(got, want, op)
+
+
+@pytest.mark.parametrize("op", ["sub", "div"])
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_fused_activation_survives_export(op, dtype):
+    """SUB and DIV carry their fused activation in their options (a relu after them is fused on
+    export): the options table must be written for every dtype, not only int16 SUB's."""
+    from kiln.frontend.tflite_import import load_tflite
+    from kiln.quantize.tflite_export import export_tflite
+    qq = q(0.5, 0) if dtype == "int8" else None
+    g = Graph(op)
+    g.add_input("a", TensorType((3,), dtype, qq))
+    g.add_input("b", TensorType((3,), dtype, qq))
+    g.add_node(op, ["a", "b"], name="d", out_type=TensorType((3,), dtype, qq))
+    g.add_node("relu", ["d"], name="y", out_type=TensorType((3,), dtype, qq))
+    g.outputs = ["y"]
+    assert [n.op for n in load_tflite(export_tflite(g)).nodes] == [op, "relu"]
