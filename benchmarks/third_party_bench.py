@@ -127,9 +127,9 @@ def check_board(path, samples, board, tol):
         golden(path, gold, [tuple(f) for f, _ in samples])
         rep = verify(path, gold, board, options={"out": os.path.join(d, "board")})
         ok = bool(rep.get("ok"))
-        extra = f", {rep['instructions']:,} instr" if rep.get("instructions") else ""
-        return ok, (f"{rep.get('matched')}/{len(samples)} matched{extra}" if ok else
-                    str(rep.get("error") or rep.get("results"))[:160])
+        worst = max((r.get("max_abs_diff", 0.0) for r in rep.get("results", [])), default=0.0)
+        return ok, (f"{rep.get('matched')}/{len(samples)} matched" if ok else
+                    rep.get("error") or f"{rep.get('matched')}/{len(samples)} matched, max abs diff {worst:.2e}")
 
 
 def check_model(path, args) -> dict:
@@ -189,7 +189,8 @@ def markdown(rows, s, cmd, board):
     for r in rows:
         if "skip" in r:
             continue
-        note = r.get("note") or r.get("board_note") or r.get("host_note") or ""
+        failed = [k for k in ("reference", "host", "board") if r.get(k) is False]
+        note = r.get("note") or (r.get(failed[0] + "_note") if failed else r.get("board_note") or r.get("host_note")) or ""
         cells = [mark[r["import"]], mark[r["reference"]], mark[r["host"]]] + ([mark[r["board"]]] if board else [])
         lines.append(f"| {r['model']} | " + " | ".join(cells) + f" | {str(note).replace('|', '/')} |")
     return "\n".join(lines) + "\n"

@@ -23,6 +23,7 @@ from kiln.backends import host_model, is_package
 from kiln.boards.labmap import load_lab_map
 from kiln.commands import BuildFolder, add_optimize_argument
 from kiln.commands.labgrid_options import add_farm_arguments, farm_lease
+from kiln.commands.verify import comparison_rule
 from kiln.frontend import load_model
 from kiln.frontend.errors import KilnError
 from kiln.litert import OracleUnsupported, run_litert
@@ -372,10 +373,12 @@ def _run_target(args):
     err, ok, atol = 0.0, True, t.tolerance(args.model, options)
     for got, want in zip(outs, ref):
         for a, b in zip(got, want):
-            d = np.abs(np.asarray(a, np.float64).reshape(-1) - np.asarray(b, np.float64).reshape(-1))
+            bv = np.asarray(b, np.float64).reshape(-1)
+            d = np.abs(np.asarray(a, np.float64).reshape(-1) - bv)
             err = max(err, float(d.max(initial=0.0)))
-            ok &= bool((d == 0).all()) if t.exact and np.asarray(b).dtype.kind in "iu" else bool((d <= atol).all())
-    rule = "bit-exact (integer outputs)" if t.exact else f"within atol {atol:g}"
+            ok &= bool((d == 0).all()) if t.exact and np.asarray(b).dtype.kind in "iu" else \
+                bool((d <= atol * (1 + np.abs(bv))).all())
+    rule = comparison_rule(t.exact, atol)
     return {"ok": ok and len(outs) == len(ref), "target": args.target, "samples": len(samples), "max_abs_err": err,
             "comparison": rule, "build": build.kept,
             "text": f"{len(samples)} samples on {args.target}: max |err| vs NumPy reference {err:.3g} ({rule})"}

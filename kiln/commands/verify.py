@@ -35,6 +35,12 @@ def load_golden(path):
     return golden_pairs(read_npz(path), os.fspath(path))
 
 
+def comparison_rule(exact, atol):
+    """How a target's outputs are compared (the report's "comparison")."""
+    floats = f"within atol {atol:g} (x (1 + |expected|))"
+    return f"bit-exact (integer outputs); float outputs {floats}" if exact else floats
+
+
 def compare(got, want, exact, atol, max_report=10):
     got = np.asarray(got)
     want = np.asarray(want)
@@ -99,7 +105,7 @@ def verify(model, golden, target, atol=None, max_report=10, options=None, keep=F
     ok = all(r["match"] for r in results) and len(outs) == len(pairs)
     return {"ok": ok, "model": str(model), "golden": str(golden), "target": target, "pairs": len(pairs),
             "matched": sum(r["match"] for r in results), "seconds": round(elapsed, 3),
-            "comparison": "bit-exact (integer outputs)" if t.exact else f"within atol {atol} (x (1 + |expected|))",
+            "comparison": comparison_rule(t.exact, atol),
             "build": build.kept, "results": results}
 
 
