@@ -67,8 +67,10 @@ def test_int8_prelu(h, w, c, alpha_shape, zi, za, zo, ls, la, dl, seed):
 # ---- int8 unary: every one of the 256 codes ----------------------------------------------------------
 @settings(**SETTINGS)
 @given(op=st.sampled_from(["leaky_relu", "hard_swish", "abs", "exp", "rsqrt", "sqrt"]), zi=zp, zo=zp,
-       ls=st.floats(-8.0, 0.0), dl=st.floats(-3.0, 3.0), alpha=st.floats(-2.0, 2.0), same=st.booleans())
+       ls=st.floats(-8.0, 0.0), dl=st.floats(-3.0, 3.0), alpha=st.floats(0.0, 2.0), same=st.booleans())
 def test_int8_unary_all_codes(op, zi, zo, ls, dl, alpha, same):
+    # LEAKY_RELU's alpha >= 0 here: with a negative alpha (a negative multiplier) LiteRT rounds some
+    # ties the other way from TFLite Micro, which Kiln follows (docs/int8_ir.md)
     si = 2.0 ** ls
     so = si if same else 2.0 ** (ls + dl)
     if op == "hard_swish":
