@@ -20,8 +20,9 @@ from ..errors import ShapeError
 from ..registry import NONDIFF, QUANTIZABLE, REDUCTION, SHAPE, Attr, defrule, get_op, register
 from . import reduce_shape as rs
 from . import tflite_util as tfl
-from ._util import norm_axes, reduced_shape, tt
+from ._util import norm_axes, tt
 from .int8util import same_quant
+from .reductions import reduce_te
 
 chk.VERSIONS.update({"DYNAMIC_UPDATE_SLICE": 1, "REDUCE_ALL": 1, "BROADCAST_ARGS": 1})
 
@@ -129,24 +130,8 @@ def _all_ref(xs, a):
 
 
 def _all_te(T, xs, a, out):
-    x = xs[0]
-    shape = T.shape(x)
-    axes = norm_axes(a["axes"], len(shape), "reduce_all")
-    rax = {ax: T.te.reduce_axis((0, shape[ax]), f"r{ax}") for ax in axes}
     land = T.te.comm_reducer(lambda p, q: T.tirx.all(p, q), lambda t: T.c(True, "bool"), name="land")
-
-    def f(*i):
-        it = iter(i)
-        idx = []
-        for d in range(len(shape)):
-            if d in rax:
-                idx.append(rax[d])
-                if a["keepdims"]:
-                    next(it)
-            else:
-                idx.append(next(it))
-        return land(x(*idx), axis=[rax[d] for d in axes]) if axes else x(*idx)
-    return T.te.compute(reduced_shape(shape, axes, a["keepdims"]), f, name="reduce_all")
+    return reduce_te(T, xs[0], a, land, "reduce_all")
 
 
 register("reduce_all", attrs=rs._RED, infer=_all_infer, ref=_all_ref, props={REDUCTION, NONDIFF},

@@ -38,11 +38,11 @@ register("min", attrs=rs._RED, infer=_min_infer, ref=_min_ref, vjp=rs._max_vjp,
          quant=SAME_AS_INPUT)
 
 
-@defrule("min", "te")
-def _min_te(T, xs, a, out):
-    x = xs[0]
+def reduce_te(T, x, a, reducer, name):
+    """The TE compute of a reduction over ``a["axes"]`` (``keepdims`` as the attribute says) with
+    ``reducer(value, axis=...)`` (``te.min``, or a ``te.comm_reducer``)."""
     shape = T.shape(x)
-    axes = norm_axes(a["axes"], len(shape), "min")
+    axes = norm_axes(a["axes"], len(shape), name)
     rax = {ax: T.te.reduce_axis((0, shape[ax]), f"r{ax}") for ax in axes}
 
     def f(*i):
@@ -55,8 +55,13 @@ def _min_te(T, xs, a, out):
                     next(it)
             else:
                 idx.append(next(it))
-        return T.te.min(x(*idx), axis=[rax[d] for d in axes]) if axes else x(*idx)
-    return T.te.compute(reduced_shape(shape, axes, a["keepdims"]), f, name="min")
+        return reducer(x(*idx), axis=[rax[d] for d in axes]) if axes else x(*idx)
+    return T.te.compute(reduced_shape(shape, axes, a["keepdims"]), f, name=name)
+
+
+@defrule("min", "te")
+def _min_te(T, xs, a, out):
+    return reduce_te(T, xs[0], a, T.te.min, "min")
 
 
 def sum_int8_values(total, count, si, zi, so, zo):
