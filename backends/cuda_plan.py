@@ -12,8 +12,9 @@ import os
 import numpy as np
 
 from kiln.frontend.errors import KilnError
+from kiln.frontend.ops.nn import dropout_mask_values
 
-from . import planner, tvm_te
+from . import planner
 from .manifest import CUDA_FORMAT, FILE, Manifest
 from .manifest import load_manifest as _load
 
@@ -122,7 +123,7 @@ def expand_inputs(m: Manifest, inputs):
         raise KilnError(f"package takes {len(users)} inputs {users}, got {len(inputs)}")
     env = dict(zip(users, inputs))
     if m.dropout_masks:
-        env.update(tvm_te.mask_values(m.dropout_masks, env))
+        env.update(dropout_mask_values(m.dropout_masks, env))
     return [env[i.name] for i in m.inputs]
 
 

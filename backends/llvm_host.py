@@ -30,6 +30,7 @@ import numpy as np
 from kiln.frontend.errors import GraphError, KilnError
 from kiln.frontend.executor import prepare_feeds
 from kiln.frontend.graph import Graph
+from kiln.frontend.ops.nn import dropout_mask_values
 from kiln.frontend.types import np_dtype
 
 from . import tvm_te
@@ -403,7 +404,7 @@ class CompiledGraph:
             self.set_params(params)
         env = prepare_feeds(self.graph, inputs, feeds)
         if self.masks:
-            env.update(tvm_te.mask_values(self.masks, env))
+            env.update(dropout_mask_values(self.masks, env))
         args = [self._to_dev(n, env[n]) if n in env else self._tensors[n] for n in self.arg_names]
         return self._main(*args)
 

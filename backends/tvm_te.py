@@ -21,7 +21,6 @@ from tvm import te, tirx
 from kiln.frontend import ops as _ops  # noqa: F401  (fills the registry)
 from kiln.frontend.graph import Graph, Node
 from kiln.frontend.ops import te_helpers as T
-from kiln.frontend.ops.nn import dropout_mask
 from kiln.frontend.registry import OPS, get_op
 from kiln.frontend.types import TensorType
 
@@ -207,7 +206,3 @@ def externalize_dropout(graph: Graph):
     return g.validate(), masks
 
 
-def mask_values(masks, feeds):
-    """{mask input name: array} for the masks of ``externalize_dropout`` from the key inputs."""
-    return {m["name"]: dropout_mask(tuple(m["shape"]), np.asarray(feeds[m["key"]]), m["salt"], m["rate"],
-                                    m["dtype"]) for m in masks}

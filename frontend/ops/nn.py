@@ -914,6 +914,14 @@ def dropout_mask(shape, key, salt, rate, dtype):
     return ((rng.random(shape) >= rate) / (1.0 - rate)).astype(dtype)
 
 
+def dropout_mask_values(masks, feeds):
+    """{mask input name: array} for the dropout masks a compiled package takes as inputs (the
+    ``externalize_dropout`` records of backends/tvm_te.py), from their key inputs in ``feeds``.
+    Here, not beside the TVM code, so that running a package (the CUDA runner) needs no TVM."""
+    return {m["name"]: dropout_mask(tuple(m["shape"]), np.asarray(feeds[m["key"]]), m["salt"], m["rate"],
+                                    m["dtype"]) for m in masks}
+
+
 def _dropout_infer(ts, a):
     if ts[1].shape != () or ts[1].dtype != "int64":
         raise ShapeError(f"dropout: key must be an int64 scalar, got {ts[1]}")

@@ -3,6 +3,9 @@ no GPU is lent here, so what is checked is what the runner asks of CuPy: one str
 copy and launch, the requested device selected before it is checked, a warm-up run before graph
 capture and no partial graph after a failed one, a poisoned arena between guard zones, NVRTC
 options with the CUDA headers. The real runs are the gpu-marked tests in test_cuda_codegen.py."""
+import subprocess
+import sys
+
 import pytest
 
 from kiln.backends import cuda, cuda_runner, nvrtc
@@ -99,3 +102,12 @@ def test_nvrtc_options_carry_the_cuda_headers(monkeypatch, pkg):
     _, cp = _runner(monkeypatch, path)
     assert "-diag-suppress=177" in cp.options and "--std=c++17" in cp.options
     assert [o for o in cp.options if o.startswith("-I")] == [f"-I{d}" for d in nvrtc.toolkit()["include"]]
+
+
+def test_the_runner_imports_without_tvm_or_torch():
+    """A GPU server runs packages without TVM (the package is generated elsewhere): importing the
+    runner must not pull in TVM (which imports torch), so that it works where neither is installed."""
+    code = ("import sys, kiln.backends.cuda_runner; "
+            "print(sorted(m for m in ('tvm', 'torch', 'tvm_ffi') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
