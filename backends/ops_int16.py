@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from kiln.frontend.ops import norm_axes
 from kiln.frontend.ops.elementwise import ADD_LEFT_SHIFT_16
 from kiln.frontend.ops.elementwise_int8 import leaky_params
 from kiln.frontend.ops.elementwise_int16 import prelu16_params, sqdiff16_params, sub16_params
@@ -225,28 +224,8 @@ def lower_prelu16(k, node, xs):
 def lower_sum16(k, node, xs):
     tx, ty = _io16(k, node, 1)
     (si, zi), (so, zo) = _sz(tx), _sz(ty)
-    axes = norm_axes(node.attrs["axes"], len(tx.shape))
-    keep = node.attrs["keepdims"]
-    raxes = [te.reduce_axis((0, tx.shape[a]), f"r{a}") for a in axes]
-    count = int(np.prod([tx.shape[a] for a in axes])) if axes else 1
+    acc, shape, count = ops_shape.int32_sum(xs[0], tx, ty, node.attrs, name="acc16")
     m, sh = qmath.quantize_multiplier(si / so)
-    x = xs[0]
-
-    def full(i):
-        out, it, rt = [], iter(i), iter(raxes)
-        for d in range(len(tx.shape)):
-            if d in axes:
-                out.append(next(rt))
-                if keep:
-                    next(it)
-            else:
-                out.append(next(it))
-        return tuple(out)
-    shape = ty.shape or (1,)
-
-    def src(i):
-        return x[full(i if ty.shape else ())].astype("int32")
-    acc = te.compute(shape, (lambda *i: te.sum(src(i), axis=raxes)) if raxes else (lambda *i: src(i)), name="acc16")
     return te.compute(shape, lambda *i: _clamp16(qmath.mbqm(acc(*i) - c(zi * count), c(m), sh) + c(zo)), name="sum16")
 
 

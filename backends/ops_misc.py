@@ -6,7 +6,6 @@ import numpy as np
 from tvm import te, tirx
 
 from kiln.frontend import fixedpoint as fp
-from kiln.frontend.ops import norm_axes
 from kiln.frontend.ops.int16util import softmax16_tables
 from kiln.frontend.ops.reduce_shape import (
     SOFTMAX_ACCUMULATION_INTEGER_BITS,
@@ -18,6 +17,7 @@ from kiln.frontend.ops.reduce_shape import (
 from . import gemmlowp, inplace, qmath
 from .lower import decompose_reductions, lower_rule, lower_te
 from .ops_elementwise import int8_table
+from .ops_shape import int32_sum
 from .qmath import c
 
 F32 = "float32"
@@ -168,31 +168,10 @@ def lower_softmax(k, node, xs):
 def lower_mean(k, node, xs):
     if not _q(k, node):
         return None                          # float: the op's TE compute
-    x = xs[0]
     tx, ty = k.type(node.inputs[0]), k.type(node.name)
-    axes = norm_axes(node.attrs["axes"], len(tx.shape))
-    keep = node.attrs["keepdims"]
-    raxes = [te.reduce_axis((0, tx.shape[a]), f"r{a}") for a in axes]
-    count = int(np.prod([tx.shape[a] for a in axes])) if axes else 1
-
-    def full(i):
-        out, it, rt = [], iter(i), iter(raxes)
-        for d in range(len(tx.shape)):
-            if d in axes:
-                out.append(next(rt))
-                if keep:
-                    next(it)
-            else:
-                out.append(next(it))
-        return tuple(out)
-    shape = _shape(ty)
-    scalar = not ty.shape
-
-    def idx(i):
-        return () if scalar else i
+    acc, shape, count = int32_sum(xs[0], tx, ty, node.attrs)
     zi, zo = int(tx.quant.zero_point[0]), int(ty.quant.zero_point[0])
     m, sh = mean_params(tx.quant.scale[0], ty.quant.scale[0], count)
-    acc = te.compute(shape, lambda *i: te.sum(x[full(idx(i))].astype("int32"), axis=raxes), name="acc")
 
     lo, hi = (-32768, 32767) if ty.dtype == "int16" else (-128, 127)     # int16: TFLite's 16x8 MEAN
 

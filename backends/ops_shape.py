@@ -33,41 +33,45 @@ def _round_away(v):
     return tirx.Select(v < zero, -r, r).astype("int32")
 
 
+def int32_sum(x, tx, ty, attrs, name="acc"):
+    """The int32 sum of the integer tensor ``x`` (type ``tx``) over ``attrs["axes"]`` (``keepdims``
+    as the attributes say), as a TE compute of the output's shape ((1,) for a scalar ``ty``).
+    Returns (acc, shape, count): ``count`` is the number of elements summed into each output.
+    The int8/int16 SUM and MEAN lowerings share it."""
+    axes = norm_axes(attrs["axes"], len(tx.shape))
+    raxes = {a: te.reduce_axis((0, tx.shape[a]), f"r{a}") for a in axes}
+    count = int(np.prod([tx.shape[a] for a in axes])) if axes else 1
+    shape = tuple(ty.shape) or (1,)
+
+    def src(i):
+        it, idx = iter(i if ty.shape else ()), []
+        for d in range(len(tx.shape)):
+            if d in raxes:
+                idx.append(raxes[d])
+                if attrs["keepdims"]:
+                    next(it)
+            else:
+                idx.append(next(it))
+        return x[tuple(idx)].astype("int32")
+    if raxes:
+        acc = te.compute(shape, lambda *i: te.sum(src(i), axis=[raxes[a] for a in axes]), name=name)
+    else:
+        acc = te.compute(shape, lambda *i: src(i), name=name)
+    return acc, shape, count
+
+
 @lower_rule("sum")
 def lower_sum(k, node, xs):
     """TFLite Micro's int8 SUM: float32 ``round(sum * scale + bias) + zo`` cast to int8."""
     if not _q(k, node):
         return None                          # float: the op's TE compute
-    x = xs[0]
     tx, ty = k.type(node.inputs[0]), k.type(node.name)
-    axes = norm_axes(node.attrs["axes"], len(tx.shape))
-    keep = node.attrs["keepdims"]
-    raxes = [te.reduce_axis((0, tx.shape[a]), f"r{a}") for a in axes]
-    count = int(np.prod([tx.shape[a] for a in axes])) if axes else 1
+    acc, shape, count = int32_sum(xs[0], tx, ty, node.attrs)
     si, so = np.float32(tx.quant.scale[0]), np.float32(ty.quant.scale[0])
     zi, zo = int(tx.quant.zero_point[0]), int(ty.quant.zero_point[0])
     scale = np.float32(si / so)
     bias = np.float32(np.float32(np.float32(-zi) * scale) * np.float32(count))
     consts = k.const("sum_scale", np.asarray([scale, bias], np.float32))
-
-    def full(i):
-        out, it, rt = [], iter(i), iter(raxes)
-        for d in range(len(tx.shape)):
-            if d in axes:
-                out.append(next(rt))
-                if keep:
-                    next(it)
-            else:
-                out.append(next(it))
-        return tuple(out)
-    shape = ty.shape or (1,)
-
-    def idx(i):
-        return () if not ty.shape else i
-    if raxes:
-        acc = te.compute(shape, lambda *i: te.sum(x[full(idx(i))].astype("int32"), axis=raxes), name="acc")
-    else:
-        acc = te.compute(shape, lambda *i: x[full(idx(i))].astype("int32"), name="acc")
 
     def body(*i):
         v = acc(*i).astype(F32) * consts[0] + consts[1]
