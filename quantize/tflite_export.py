@@ -65,6 +65,7 @@ class _Exporter:
         self.ops = []              # (opname, inputs, outputs, options_name, options_fields)
         self.opcodes = {}          # opname -> index
         self.int8_ops = set()      # opnames used with int8 tensors (need newer op versions)
+        self.skip = set()          # nodes not to write (fused, or covered by an earlier exporter)
 
     # ---- tensors --------------------------------------------------------------------------
     def tensor(self, name, ttype: TensorType, data=None):
@@ -106,7 +107,7 @@ class _Exporter:
         g = self.g
         cons = g.consumers()
         fused = {}                  # node name -> (activation, the relu node that carries the output)
-        skip = set()
+        skip = self.skip = set()    # nodes written by another's exporter (it may add to this set)
         for n in g.nodes:
             if n.op in ("relu", "relu6"):
                 src = g.producer(n.inputs[0])

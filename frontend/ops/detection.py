@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..registry import NONDIFF, REQUIRED, Attr, register
+from ..types import TensorType
 from . import tflite_util as tfl
 from ._util import tt
 
@@ -222,3 +223,59 @@ def _tfl_detection(imp, k, op, ins, outs):
 
 _tfl_detection.multi_output = True
 ATTRS_DEFAULTS = {k: v.default for k, v in ATTRS.items() if v.default is not REQUIRED}
+
+
+# ---- export ---------------------------------------------------------------------------------------
+def _segments(D):
+    """(start, length, TFLite shape) of the four outputs in the packed vector."""
+    return [(0, 4 * D, (1, D, 4)), (4 * D, D, (1, D)), (5 * D, D, (1, D)), (6 * D, 1, (1,))]
+
+
+def _import_pattern(g, n):
+    """The four reshape values (boxes, classes, scores, count) and the slice/reshape nodes that carry
+    them, when the packed vector feeds exactly the slices and reshapes the importer writes; else None."""
+    cons = g.consumers()
+    found, nodes = {}, []
+    for c in cons.get(n.name, []):
+        if c.op != "slice" or c.name in g.outputs or len(c.attrs["begin"]) != 1 or len(cons.get(c.name, [])) != 1:
+            return None
+        r = cons[c.name][0]
+        lo, hi = int(c.attrs["begin"][0]), int(c.attrs["end"][0])
+        seg = [(s, ln, shp) for s, ln, shp in _segments(n.attrs["detections"]) if (s, s + ln) == (lo, hi)]
+        if (r.op != "reshape" or not seg or tuple(g.types[r.name].shape) != seg[0][2]
+                or c.attrs.get("strides") not in (None, [1]) or lo in found):
+            return None
+        found[lo] = r.name
+        nodes += [c.name, r.name]
+    if n.name in g.outputs or len(found) != 4:
+        return None
+    return [found[s] for s, _, _ in _segments(n.attrs["detections"])], nodes
+
+
+@tfl.exporter("detection_postprocess")
+def _tfl_export_detection(e, n, act, out, int8):
+    """The custom op with its flexbuffer options and four float32 outputs. Where the packed vector
+    only feeds the four slices and reshapes the importer writes, their values are the op's outputs
+    and those nodes are not written (an imported model exports as it came); otherwise the outputs
+    are flattened and concatenated back into the packed vector the other consumers read."""
+    g, D = e.g, n.attrs["detections"]
+    xs = [e.value(i) for i in n.inputs]
+    opts = {k: typ(n.attrs[k]) for k, typ in _OPTION_KEYS.items()}
+    pattern = _import_pattern(g, n)
+    if pattern is not None:
+        values, covered = pattern
+        outs = [e.tensor(v, g.types[v]) for v in values]
+        e.skip.update(covered)
+    else:
+        outs = [e.tensor(e._fresh(f"{n.name}/{what}"), TensorType(shp, "float32"))
+                for what, (_, _, shp) in zip(("boxes", "classes", "scores", "count"), _segments(D))]
+    e.op(NAME, xs, outs, None, False, custom_options=bytes(flexbuffers.Dumps(opts)))
+    if pattern is None:
+        flat = []
+        for o, (_, ln, _) in zip(outs, _segments(D)):
+            f = e.tensor(e._fresh(f"{n.name}/flat"), TensorType((ln,), "float32"))
+            e.op("RESHAPE", [o, e.const(f"{n.name}/flat_shape", np.asarray([ln], np.int32))], [f], "ReshapeOptions",
+                 NewShape=[ln])
+            flat.append(f)
+        e.op("CONCATENATION", flat, [e.tensor(n.name, g.types[n.name])], "ConcatenationOptions", Axis=0,
+             FusedActivationFunction=0)
