@@ -12,7 +12,7 @@ from kiln.frontend.fixedpoint import multiply_by_quantized_multiplier
 from kiln.frontend.ops.int8util import channel_params, per_tensor
 from kiln.frontend.ops.nn import conv_geometry, fc_effective_scales, fc_requant_constants, pool_geometry
 
-from . import ops_mve, qmath, schedules
+from . import ops_dw, ops_mve, qmath, schedules
 from .lower import lower_rule
 from .qmath import c
 
@@ -203,8 +203,9 @@ def _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty, out_shape=None):
 
 
 def _depthwise_dsp(k, node, x, G, zx, tx, tw, ty):
-    """int8 depthwise (multiplier 1) on DSP cores: ``schedules.dw_dsp_extern`` (None when it
-    does not apply: weights/bias not constant, C % 4, a left shift, or an input that is not a
+    """int8 depthwise (multiplier 1) on DSP cores: ``ops_dw.dw3_extern`` for 3x3 windows
+    (ops_dw.dw3_applies), otherwise ``schedules.dw_dsp_extern`` (None when neither
+    applies: weights/bias not constant, C % 4, a left shift, or an input that is not a
     kernel argument)."""
     if not isinstance(x.op, te.PlaceholderOp):
         return None
@@ -219,6 +220,10 @@ def _depthwise_dsp(k, node, x, G, zx, tx, tw, ty):
     if not schedules.dw_dsp_ok(wc, bias, mult, shift, zx, zy):
         return None
     lo, hi = qmath.activation_range(node.attrs["activation"], _scale(ty), zy)
+    if ops_dw.dw3_applies(G):          # 3x3: the row-ring kernel (two taps per SMLAD)
+        tab = k.const("dw3", ops_dw.dw3_table(wc, bias, mult, shift, zy))
+        k.schedule(lambda sch, out_block: None)
+        return ops_dw.dw3_extern(x, tab, G, zx, lo, hi)
     w16 = k.const("w_dw", schedules.pack_dw(wc, O))
     q = k.const("dwq", schedules.dw_requant_table(bias, mult, shift, zy))
     k.schedule(lambda sch, out_block: None)

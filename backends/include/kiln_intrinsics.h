@@ -974,5 +974,6 @@ static inline int32_t kiln_lstm_hidden(int32_t o, int32_t c, int32_t ib, int32_t
 }
 
 #include "kiln_dense.h" /* the batch-1 FULLY_CONNECTED kernel (uses kiln_fc_rq) */
+#include "kiln_dw.h"    /* the 3x3 depthwise kernel (uses kiln_dw_requant) */
 
 #endif /* KILN_INTRINSICS_H */

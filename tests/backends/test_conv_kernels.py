@@ -1,5 +1,5 @@
 """The int8 conv kernels of kiln_intrinsics.h (fused groups-1 conv: kiln_conv_s8 with the widened
-patch pair, built directly when C_in % 4 == 0; depthwise: kiln_dwconv_s8) bit-exact with the int8
+patch pair, built directly when C_in % 4 == 0; depthwise: kiln_dw3_s8 for 3x3 windows, kiln_dwconv_s8) bit-exact with the int8
 reference over a table of shapes: input channels 1..12 (the direct and the int8-then-widen patch
 paths), reductions that are not a multiple of 4 or 8, the four-group unrolled loop and its tail,
 strides, padding, clipped windows on every side, odd pixel counts, and channels whose weights are
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kiln.backends import compile as compile_pkg
-from kiln.backends import schedules
+from kiln.backends import ops_dw, schedules
 from kiln.frontend import Graph, QParams, TensorType, run
 from kiln.frontend.ops.nn import conv_geometry
 
@@ -75,11 +75,35 @@ DW_CASES = [
     ("dw_valid", 12, 3, 2, {"groups": 12, "padding": "valid", "stride": [1, 2], "activation": "none"}, ()),
     ("dw5_dil", 8, 5, 5, {"cin": 8, "groups": 8, "padding": "same", "dilation": [2, 2], "activation": "none"}, ()),
     ("dw3_c4", 4, 3, 3, {"cin": 4, "groups": 4, "padding": [2, 0, 0, 2], "activation": "relu"}, ()),
+    # kiln_dw3_s8 (the 3x3 row-ring kernel): row/column strides, odd output widths (a phantom pixel
+    # in the last pair), asymmetric and wide padding (whole padding rows and columns in the ring)
+    ("dw3_s12", 12, 3, 3, {"groups": 12, "padding": "same", "stride": [1, 2], "activation": "relu6"}, ()),
+    ("dw3_s21_valid", 12, 3, 3, {"groups": 12, "padding": "valid", "stride": [2, 1], "activation": "none"}, ()),
+    ("dw3_s31", 8, 3, 3, {"cin": 8, "groups": 8, "padding": [1, 2, 2, 1], "stride": [3, 1], "activation": "none"},
+     ()),
+    ("dw3_pad_wide", 4, 3, 3, {"cin": 4, "groups": 4, "padding": [0, 2, 2, 0], "stride": [1, 2],
+                               "activation": "relu"}, ()),
+    ("dw3_c16", 16, 3, 3, {"cin": 16, "groups": 16, "padding": "same", "activation": "none"}, ()),
+    # the per-pixel kernel: column stride 3, dilation; channels not a multiple of 4: TVM's loops
+    ("dw3_s3", 8, 3, 3, {"cin": 8, "groups": 8, "padding": "same", "stride": [3, 3], "activation": "none"}, ()),
+    ("dw3_dil", 8, 3, 3, {"cin": 8, "groups": 8, "padding": "same", "dilation": [2, 1], "activation": "relu"}, ()),
+    ("dw3_c5", 5, 3, 3, {"cin": 5, "groups": 5, "padding": "same", "activation": "none"}, ()),
 ]
+# the kernel each depthwise case must take (None: neither C kernel; C % 4 != 0)
+DW_KERNEL = {"dw3": "kiln_dw3_s8", "dw3_s2": "kiln_dw3_s8", "dw_valid": "kiln_dwconv_s8",
+             "dw5_dil": "kiln_dwconv_s8", "dw3_c4": "kiln_dw3_s8", "dw3_s12": "kiln_dw3_s8",
+             "dw3_s21_valid": "kiln_dw3_s8", "dw3_s31": "kiln_dw3_s8", "dw3_pad_wide": "kiln_dw3_s8",
+             "dw3_c16": "kiln_dw3_s8", "dw3_s3": "kiln_dwconv_s8", "dw3_dil": "kiln_dwconv_s8", "dw3_c5": None}
 
 
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ops_dw, "DW3_MIN_OW", {1: 1, 2: 1})      # the table's outputs are at most 7 wide
+        return _packages(tmp_path_factory)
+
+
+def _packages(tmp_path_factory):
     g = _graph(CONV_CASES + DW_CASES)
     pk = {o: compile_pkg(g, target="host", out_dir=tmp_path_factory.mktemp(o), plot=False, measure_size=False,
                          optimize=o) for o in ("size", "speed")}
@@ -93,7 +117,11 @@ def test_the_table_takes_the_fused_kernels(packages):
     for case in CONV_CASES:
         assert "kiln_conv_s8(" in bodies[case[0]], case[0]
     for case in DW_CASES:
-        assert "kiln_dwconv_s8(" in bodies[case[0]], case[0]
+        kernel = DW_KERNEL[case[0]]
+        if kernel is None:
+            assert "kiln_dw3_s8(" not in bodies[case[0]] and "kiln_dwconv_s8(" not in bodies[case[0]], case[0]
+        else:
+            assert kernel + "(" in bodies[case[0]], case[0]
 
 
 @pytest.mark.parametrize("optimize", ["size", "speed"])
@@ -137,21 +165,52 @@ def test_constant_channel_requantisation_table():
 @pytest.mark.slow
 @pytest.mark.qemu
 @pytest.mark.parametrize("board", ["mps2-an386", "mps2-an385"])
-def test_conv_kernels_on_board(board, tmp_path):
+def test_conv_kernels_on_board(board, tmp_path, monkeypatch):
     """The same table on an emulated Cortex-M4 (the DSP kernels: SMLAD, SXTB16, SMMULR) and
     Cortex-M3 (their portable C), bit-exact with the int8 reference on 2 inputs."""
     from kiln.commands.verify import verify
     from kiln.frontend import save
 
-    g = _graph(CONV_CASES + DW_CASES)
-    path = str(tmp_path / "conv_kernels.json")
-    save(g, path)
-    gold = {}
-    for k in range(2):
-        x = RNG.integers(-128, 128, (1, 9, 7, 12)).astype(np.int8)
-        gold[f"in_{k}_0"] = x
-        for j, y in enumerate(run(g, x)):
-            gold[f"out_{k}_{j}"] = y
-    np.savez(tmp_path / "gold.npz", **gold)
-    rep = verify(path, str(tmp_path / "gold.npz"), board, options={"out": str(tmp_path / "board")})
-    assert rep["ok"] and rep["matched"] == 2, rep["results"]
+    monkeypatch.setattr(ops_dw, "DW3_MIN_OW", {1: 1, 2: 1})
+    for part, cases in (("conv", CONV_CASES), ("dw", DW_CASES)):    # the firmware takes up to 16 outputs
+        g = _graph(cases)
+        path = str(tmp_path / f"{part}_kernels.json")
+        save(g, path)
+        gold = {}
+        for k in range(2):
+            x = RNG.integers(-128, 128, (1, 9, 7, 12)).astype(np.int8)
+            gold[f"in_{k}_0"] = x
+            for j, y in enumerate(run(g, x)):
+                gold[f"out_{k}_{j}"] = y
+        np.savez(tmp_path / f"{part}_gold.npz", **gold)
+        rep = verify(path, str(tmp_path / f"{part}_gold.npz"), board, options={"out": str(tmp_path / f"{part}_board")})
+        assert rep["ok"] and rep["matched"] == 2, (part, rep["results"])
+
+
+def test_dw3_picks_wide_3x3_layers():
+    """kiln_dw3_s8 where it pays (3x3, dilation 1, C % 4 == 0, outputs at least DW3_MIN_OW wide),
+    the per-pixel kernel elsewhere."""
+    def geo(ow=48, sw=1, C=8, k=3, d=1):
+        return {"KH": k, "KW": k, "dh": d, "dw": d, "sw": sw, "ow": ow, "C": C}
+    assert ops_dw.dw3_applies(geo()) and ops_dw.dw3_applies(geo(ow=24, sw=2, C=16))
+    assert not ops_dw.dw3_applies(geo(ow=6))            # narrow: the per-row work does not pay
+    assert not ops_dw.dw3_applies(geo(ow=12, sw=2))
+    assert not ops_dw.dw3_applies(geo(sw=3)) and not ops_dw.dw3_applies(geo(d=2))
+    assert not ops_dw.dw3_applies(geo(k=5)) and not ops_dw.dw3_applies(geo(C=6))
+    assert not ops_dw.dw3_applies(geo(ow=400, C=64))    # scratch over DW3_MAX_SCRATCH
+
+
+def test_dw3_table_layout():
+    """Per channel {W01, W12} per kernel row (doubled int16 pairs, low half first), 2 * bias,
+    multiplier, half + (zy << e), e."""
+    w = np.arange(-9, 9, dtype=np.int8).reshape(2, 9)
+    tab = ops_dw.dw3_table(w, np.array([5, -7]), np.array([1 << 30, 3 << 28]), np.array([-3, -9]), -128)
+    rec = tab.reshape(2, 10).view(np.uint32)
+    for ch in range(2):
+        for k in range(3):
+            w0, w1, w2 = (2 * w[ch, 3 * k:3 * k + 3].astype(np.int64)).tolist()
+            assert rec[ch, 2 * k] == (w0 & 0xFFFF) | ((w1 & 0xFFFF) << 16)
+            assert rec[ch, 2 * k + 1] == (w1 & 0xFFFF) | ((w2 & 0xFFFF) << 16)
+    r = tab.reshape(2, 10)
+    assert r[0, 6:].tolist() == [10, 1 << 30, 4 - 128 * 8, 3]
+    assert r[1, 6:].tolist() == [-14, 3 << 28, 256 - 128 * 512, 9]
