@@ -195,11 +195,24 @@ def _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty, out_shape=None):
     Kp = -(-wr.shape[1] // 4) * 4     # the patch is zero-padded to Kp: no tail loop
     wpad = np.zeros((O, Kp), np.int8)
     wpad[:, :wr.shape[1]] = wr
-    bits = schedules.weight_bits(O, wr.shape[1], k.target.optimize)
+    bits = _fused_weight_bits(O, wr.shape[1], G, k.target.optimize)
     wp = k.const("w_packed", schedules.pack_w16(wpad, 2) if bits == 16 else schedules.pack_w8(wpad, 2))
     q = k.const("convq", schedules.conv_requant_table(folded, mult, shift, zy, const))
     k.schedule(lambda sch, out_block: None)
     return schedules.conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits, out_shape)
+
+
+# --optimize size still packs a layer's weights as int16 when its output has this many pixels
+# (per weight byte the flash buys the most instructions there: ResNet-8's 32x32 3x3 convs)
+W16_SIZE_MIN_PIXELS = 1024
+
+
+def _fused_weight_bits(O, K, G, optimize):
+    """8 or 16 for kiln_conv_s8's weights: ``schedules.weight_bits``, and int16 under "size" too
+    for layers of at most W16_MAX_BYTES whose output has W16_SIZE_MIN_PIXELS pixels or more."""
+    if optimize == "size" and G["N"] * G["oh"] * G["ow"] >= W16_SIZE_MIN_PIXELS:
+        optimize = "speed"
+    return schedules.weight_bits(O, K, optimize)
 
 
 def _depthwise_dsp(k, node, x, G, zx, tx, tw, ty):

@@ -214,3 +214,16 @@ def test_dw3_table_layout():
     r = tab.reshape(2, 10)
     assert r[0, 6:].tolist() == [10, 1 << 30, 4 - 128 * 8, 3]
     assert r[1, 6:].tolist() == [-14, 3 << 28, 256 - 128 * 512, 9]
+
+
+def test_size_mode_packs_int16_weights_of_large_outputs():
+    """--optimize size: int8 weights, except layers of at most W16_MAX_BYTES whose output has
+    W16_SIZE_MIN_PIXELS pixels (ResNet-8's 32x32 convs); speed: int16 up to W16_MAX_BYTES."""
+    from kiln.backends.ops_nn import W16_SIZE_MIN_PIXELS, _fused_weight_bits
+
+    big = {"N": 1, "oh": 32, "ow": W16_SIZE_MIN_PIXELS // 32}
+    small = {"N": 1, "oh": 25, "ow": 5}
+    assert _fused_weight_bits(16, 144, big, "size") == 16
+    assert _fused_weight_bits(64, 64, small, "size") == 8
+    assert _fused_weight_bits(64, 64, small, "speed") == 16
+    assert _fused_weight_bits(64, 128, big, "size") == 8     # over W16_MAX_BYTES
