@@ -195,16 +195,27 @@ def _conv_dsp_fused(k, node, x, G, zx, tx, tw, ty, out_shape=None):
     Kp = -(-wr.shape[1] // 4) * 4     # the patch is zero-padded to Kp: no tail loop
     wpad = np.zeros((O, Kp), np.int8)
     wpad[:, :wr.shape[1]] = wr
-    bits = _fused_weight_bits(O, wr.shape[1], G, k.target.optimize)
+    narrow = _narrow_patch(G, wr.shape[1], k.target.optimize)
+    bits = 8 if narrow else _fused_weight_bits(O, wr.shape[1], G, k.target.optimize)
     wp = k.const("w_packed", schedules.pack_w16(wpad, 2) if bits == 16 else schedules.pack_w8(wpad, 2))
     q = k.const("convq", schedules.conv_requant_table(folded, mult, shift, zy, const))
     k.schedule(lambda sch, out_block: None)
-    return schedules.conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits, out_shape)
+    return schedules.conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits, out_shape, narrow)
 
 
 # --optimize size still packs a layer's weights as int16 when its output has this many pixels
 # (per weight byte the flash buys the most instructions there: ResNet-8's 32x32 3x3 convs)
 W16_SIZE_MIN_PIXELS = 1024
+
+
+# --optimize size: layers with fewer MACs than this use kiln_conv8_s8 (the int8 patch pair): the
+# widened pair saves them too few instructions for its scratch (twice the bytes) and code
+NARROW_MAX_MACS = 100_000
+
+
+def _narrow_patch(G, K, optimize):
+    """kiln_conv8_s8 (no widened patch) for small layers under --optimize size."""
+    return optimize == "size" and G["N"] * G["oh"] * G["ow"] * G["O"] * K < NARROW_MAX_MACS
 
 
 def _fused_weight_bits(O, K, G, optimize):

@@ -396,24 +396,30 @@ def conv_requant_table(bias, mult, shift, zy, const=None):
     return np.concatenate([words.astype("<i4"), eb.view("<i4")]).astype(np.int32)
 
 
-def conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits, out_shape=None):
+def conv_fused_extern(x, wp, q, G, zx, zy, lo, hi, bits, out_shape=None, narrow=False):
     """A groups-1 int8 conv as one call of ``kiln_conv_s8`` per image (patches of pixel pairs,
-    2x2 dot-product tiles, requantisation and store; kiln_intrinsics.h). The patch pair is a
+    2x2 dot-product tiles, requantisation and store; kiln_intrinsics.h), or of ``kiln_conv8_s8``
+    (``narrow``: the int8 patch pair, not widened; int8 weights). The patch pair is a
     kernel-local buffer (lifted into the arena when large, tirc.lift_scratch)."""
     N, H, W, C = G["N"], G["H"], G["W"], G["C"]
     oh, ow, KH, KW, O = G["oh"], G["ow"], G["KH"], G["KW"], G["O"]
     K = KH * KW * C
+    kp = (K + 3) // 4 * 4
 
     def fcompute(ins, outs):
         xb, wb, qb = ins
         yb = outs[0]
-        patch = tirx.decl_buffer(((4 if C % 4 == 0 else 6) * ((K + 3) // 4 * 4) + 8,), "int8", name="patch")
         n = tirx.Var("n", "int32")
-        call = tirx.call_extern("void", "kiln_conv_s8", xb.access_ptr("r", offset=n * c(H * W * C)),
-                                c(H), c(W), c(C), c(KH), c(KW), c(G["sh"]), c(G["sw"]), c(G["pt"]), c(G["pl"]),
-                                c(oh), c(ow), c(zx), patch.access_ptr("w"), wb.access_ptr("r"), c(K), c(O), c(bits),
-                                qb.access_ptr("r"), c(zy), c(lo), c(hi),
-                                yb.access_ptr("w", offset=n * c(oh * ow * O)))
+        geo = [c(H), c(W), c(C), c(KH), c(KW), c(G["sh"]), c(G["sw"]), c(G["pt"]), c(G["pl"]), c(oh), c(ow), c(zx)]
+        xp, yp = xb.access_ptr("r", offset=n * c(H * W * C)), yb.access_ptr("w", offset=n * c(oh * ow * O))
+        if narrow:
+            patch = tirx.decl_buffer((2 * kp + 8,), "int8", name="patch")
+            call = tirx.call_extern("void", "kiln_conv8_s8", xp, *geo, patch.access_ptr("w"), wb.access_ptr("r"),
+                                    c(K), c(O), qb.access_ptr("r"), c(lo), c(hi), yp)
+        else:
+            patch = tirx.decl_buffer(((4 if C % 4 == 0 else 6) * kp + 8,), "int8", name="patch")
+            call = tirx.call_extern("void", "kiln_conv_s8", xp, *geo, patch.access_ptr("w"), wb.access_ptr("r"),
+                                    c(K), c(O), c(bits), qb.access_ptr("r"), c(zy), c(lo), c(hi), yp)
         body = tirx.For(n, c(0), c(N), tirx.ForKind.SERIAL, tirx.Evaluate(call))
         return tirx.SeqStmt([tirx.AllocBuffer(patch), body])
     bufs = [tirx.decl_buffer(t.shape, t.dtype, name=t.op.name, elem_offset=0) for t in (x, wp, q)]

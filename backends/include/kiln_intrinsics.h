@@ -488,7 +488,7 @@ static __attribute__((noinline, unused)) void kiln_dwconv_s8(const int8_t *x, in
  * {bias0, bias1, mult0, mult1, hz0, hz1}; eb: one right-shift byte per channel; writes y0[0..O-1]
  * and y1[0..O-1]. The channel loop is inside (one call per pixel pair, not per channel block:
  * ~30 instructions of call overhead saved per block). */
-#define KILN_DEF_DOT2X2RQ(NAME, STEP, WSTEP)                                                  \
+#define KILN_DEF_DOT2X2RQ(NAME, STEP, WSTEP, AG)                                             \
     static __attribute__((noinline, unused)) void NAME(const int8_t *ap, const int8_t *wp, int32_t n, \
                                                        const int32_t *q, const uint8_t *eb, int32_t O, \
                                                        int32_t lo, int32_t hi, int8_t *y0, int8_t *y1) \
@@ -496,15 +496,15 @@ static __attribute__((noinline, unused)) void kiln_dwconv_s8(const int8_t *x, in
         const int8_t *w = (const int8_t *)__builtin_assume_aligned(wp, 8);                   \
         for (int32_t ob = 0; ob < O; ob += 2, q += 6) {                                      \
             const int8_t *a = (const int8_t *)__builtin_assume_aligned(ap, 8);               \
-            const int8_t *const end = a + 4 * n;                                             \
+            const int8_t *const end = a + (AG) / 4 * n;                                      \
             int32_t s00 = q[0], s01 = q[1], s10 = q[0], s11 = q[1];                          \
-            for (; a + 64 <= end; a += 64, w += 4 * (WSTEP)) {                               \
+            for (; a + 4 * (AG) <= end; a += 4 * (AG), w += 4 * (WSTEP)) {                   \
                 STEP(0);                                                                     \
                 STEP(1);                                                                     \
                 STEP(2);                                                                     \
                 STEP(3);                                                                     \
             }                                                                                \
-            for (; a < end; a += 16, w += (WSTEP)) {                                         \
+            for (; a < end; a += (AG), w += (WSTEP)) {                                       \
                 STEP(0);                                                                     \
             }                                                                                \
             const int32_t m0 = q[2], m1 = q[3], h0 = q[4], h1 = q[5], e0 = eb[ob], e1 = eb[ob + 1]; \
@@ -517,8 +517,38 @@ static __attribute__((noinline, unused)) void kiln_dwconv_s8(const int8_t *x, in
             __builtin_memcpy(y1 + ob, &v1, sizeof v1);                                       \
         }                                                                                    \
     }
-KILN_DEF_DOT2X2RQ(kiln_dot2x2rq_w8, KILN_D22_STEP, 8)
-KILN_DEF_DOT2X2RQ(kiln_dot2x2rq_w16, KILN_D22W_STEP, 16)
+KILN_DEF_DOT2X2RQ(kiln_dot2x2rq_w8, KILN_D22_STEP, 8, 16)
+KILN_DEF_DOT2X2RQ(kiln_dot2x2rq_w16, KILN_D22W_STEP, 16, 16)
+
+/* The same tile over an int8 pair (kiln_patch_s8: per group of 4 reduction indices pixel 0's 4
+ * bytes then pixel 1's, 8 bytes a group) and int8 weights: each input word sign-extended here
+ * (two more SXTB16 per pixel and group than the widened pair) - kiln_conv8_s8, the small-layer
+ * kernel of --optimize size, which needs no widened patch (half the scratch, less code). */
+#if KILN_HAVE_DSP
+#define KILN_D8_STEP(G)                                                           \
+    do {                                                                          \
+        uint32_t v0_, v1_, w0_, w1_;                                              \
+        KILN_LDRD(v0_, v1_, a, 8 * (G));                                          \
+        const uint32_t a0l_ = __sxtb16(v0_), a0h_ = kiln_sxtb16_ror8(v0_);        \
+        const uint32_t a1l_ = __sxtb16(v1_), a1h_ = kiln_sxtb16_ror8(v1_);        \
+        KILN_LDRD(w0_, w1_, w, 8 * (G));                                          \
+        KILN_D22_MACS(__sxtb16(w0_), kiln_sxtb16_ror8(w0_), s00, s10);            \
+        KILN_D22_MACS(__sxtb16(w1_), kiln_sxtb16_ror8(w1_), s01, s11);            \
+    } while (0)
+#else
+#define KILN_D8_STEP(G)                                                           \
+    do {                                                                          \
+        for (int32_t t_ = 0; t_ < 4; ++t_) {                                      \
+            const int32_t x0_ = a[8 * (G) + t_], x1_ = a[8 * (G) + 4 + t_];       \
+            const int32_t v0_ = w[8 * (G) + t_], v1_ = w[8 * (G) + 4 + t_];       \
+            s00 += x0_ * v0_;                                                     \
+            s01 += x0_ * v1_;                                                     \
+            s10 += x1_ * v0_;                                                     \
+            s11 += x1_ * v1_;                                                     \
+        }                                                                         \
+    } while (0)
+#endif
+KILN_DEF_DOT2X2RQ(kiln_dot2x2rq_w8i, KILN_D8_STEP, 8, 8)
 
 /* n bytes into patch slot `slot` of an interleaved pair at reduction index k (see above): from
  * src (step 1) or the fill word at src repeated (step 0: src points at 4 copies of the byte).
@@ -705,6 +735,38 @@ static __attribute__((noinline, unused)) void kiln_conv_s8(const int8_t *x, int3
         } else {
             kiln_dot2x2rq_w8(pair, w, kp, q, eb, O, lo, hi, y, y1);
         }
+    }
+}
+
+/* kiln_conv_s8 without the widening (schedules.conv_fused_extern, narrow): each pixel pair's
+ * patch as an int8 pair (kiln_patch_s8, any C) and kiln_dot2x2rq_w8i; patch: 2 * kp + 8 bytes;
+ * int8 weights (pack_w8, nb = 2). */
+static __attribute__((noinline, unused)) void kiln_conv8_s8(const int8_t *x, int32_t H, int32_t W, int32_t C,
+                                                            int32_t KH, int32_t KW, int32_t sh, int32_t sw,
+                                                            int32_t pt, int32_t pl, int32_t oh, int32_t ow, int32_t zx,
+                                                            int8_t *patch, const int8_t *w, int32_t K, int32_t O,
+                                                            const int32_t *q, int32_t lo, int32_t hi, int8_t *y)
+{
+    const int32_t kp = (K + 3) & ~3;
+    const uint32_t z4 = ((uint32_t)zx & 0xFFu) * 0x01010101u;
+    int8_t *pair = (int8_t *)(((uintptr_t)patch + 7u) & ~(uintptr_t)7u);
+    const int32_t npix = oh * ow;
+    const uint8_t *eb = (const uint8_t *)(q + 3 * O);
+    int32_t i = 0, j = 0;
+    for (int32_t p = 0; p < npix; p += 2, y += 2 * O) {
+        const int32_t ih0 = i * sh - pt, iw0 = j * sw - pl;
+        const int32_t two = p + 1 < npix;
+        if (two && ++j == ow) {
+            j = 0;
+            ++i;
+        }
+        kiln_patch_s8(pair, 0, x, ih0, iw0, H, W, C, KH, KW, z4, K, kp);
+        kiln_patch_s8(pair, 1, x, i * sh - pt, j * sw - pl, H, W, C, KH, KW, z4, K, kp);
+        if (++j == ow) {
+            j = 0;
+            ++i;
+        }
+        kiln_dot2x2rq_w8i(pair, w, kp, q, eb, O, lo, hi, y, two ? y + O : y);
     }
 }
 

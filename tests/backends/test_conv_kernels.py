@@ -1,5 +1,6 @@
 """The int8 conv kernels of kiln_intrinsics.h (fused groups-1 conv: kiln_conv_s8 with the widened
-patch pair, built directly when C_in % 4 == 0; depthwise: kiln_dw3_s8 for 3x3 windows, kiln_dwconv_s8) bit-exact with the int8
+patch pair, built directly when C_in % 4 == 0, and kiln_conv8_s8 with the int8 pair (small layers
+under --optimize size); depthwise: kiln_dw3_s8 for 3x3 windows, kiln_dwconv_s8) bit-exact with the int8
 reference over a table of shapes: input channels 1..12 (the direct and the int8-then-widen patch
 paths), reductions that are not a multiple of 4 or 8, the four-group unrolled loop and its tail,
 strides, padding, clipped windows on every side, odd pixel counts, and channels whose weights are
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from kiln.backends import compile as compile_pkg
-from kiln.backends import ops_dw, schedules
+from kiln.backends import ops_dw, ops_nn, schedules
 from kiln.frontend import Graph, QParams, TensorType, run
 from kiln.frontend.ops.nn import conv_geometry
 
@@ -114,8 +115,11 @@ def test_the_table_takes_the_fused_kernels(packages):
     g, pk = packages
     src = open(f"{pk['size'].path}/kernels.c").read()
     bodies = {b.split("(")[0].split("_", 1)[1]: b for b in src.split("static void k")[1:]}
-    for case in CONV_CASES:
-        assert "kiln_conv_s8(" in bodies[case[0]], case[0]
+    speed = open(f"{pk['speed'].path}/kernels.c").read()
+    fast = {b.split("(")[0].split("_", 1)[1]: b for b in speed.split("static void k")[1:]}
+    for case in CONV_CASES:     # small layers: the int8 pair under size, the widened pair under speed
+        assert "kiln_conv8_s8(" in bodies[case[0]], case[0]
+        assert "kiln_conv_s8(" in fast[case[0]], case[0]
     for case in DW_CASES:
         kernel = DW_KERNEL[case[0]]
         if kernel is None:
@@ -172,7 +176,11 @@ def test_conv_kernels_on_board(board, tmp_path, monkeypatch):
     from kiln.frontend import save
 
     monkeypatch.setattr(ops_dw, "DW3_MIN_OW", {1: 1, 2: 1})
-    for part, cases in (("conv", CONV_CASES), ("dw", DW_CASES)):    # the firmware takes up to 16 outputs
+    # the firmware takes up to 16 outputs; the conv table twice: kiln_conv8_s8 (the small layers
+    # of --optimize size) and kiln_conv_s8 (NARROW_MAX_MACS 0)
+    for part, cases, narrow in (("conv8", CONV_CASES, None), ("conv", CONV_CASES, 0), ("dw", DW_CASES, None)):
+        if narrow is not None:
+            monkeypatch.setattr(ops_nn, "NARROW_MAX_MACS", narrow)
         g = _graph(cases)
         path = str(tmp_path / f"{part}_kernels.json")
         save(g, path)
@@ -227,3 +235,12 @@ def test_size_mode_packs_int16_weights_of_large_outputs():
     assert _fused_weight_bits(64, 64, small, "size") == 8
     assert _fused_weight_bits(64, 64, small, "speed") == 16
     assert _fused_weight_bits(64, 128, big, "size") == 8     # over W16_MAX_BYTES
+
+
+def test_narrow_patch_only_for_small_layers_under_size():
+    from kiln.backends.ops_nn import NARROW_MAX_MACS, _narrow_patch
+
+    demo = {"N": 1, "oh": 8, "ow": 8, "O": 16}            # the digits CNN's second conv: 73,728 MACs
+    assert _narrow_patch(demo, 72, "size") and not _narrow_patch(demo, 72, "speed")
+    assert not _narrow_patch({"N": 1, "oh": 16, "ow": 16, "O": 32}, 16, "size")   # 131,072 MACs
+    assert 73_728 < NARROW_MAX_MACS <= 131_072
