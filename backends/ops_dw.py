@@ -13,9 +13,9 @@ from .qmath import c
 # scratch above this many bytes (very wide layers): the per-pixel kernel, which needs none
 DW3_MAX_SCRATCH = 8192
 # narrower outputs (stride 1, stride 2): the per-pixel kernel, whose cost has no per-row part (the
-# widening of 3 rows per output row and the row copy): measured on mps2-an386 (VWW's 48 and 24
-# wide stride-1 layers -30% and -18% instructions, 12 wide -10%, 6 and 3 wide slower; the 24 wide
-# stride-2 layer even, the 12 wide one slower)
+# widening of 3 rows per output row and the row copy). Measured on mps2-an386: VWW's 48, 24 and
+# 12 wide stride-1 layers -35%, -23%, -15% instructions, its 24 wide stride-2 layer -4%; 6 wide
+# +11%, 5 wide (KWS) +23%, 12 wide stride 2 +18%
 DW3_MIN_OW = {1: 12, 2: 24}
 
 

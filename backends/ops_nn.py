@@ -227,8 +227,8 @@ def _fused_weight_bits(O, K, G, optimize):
 
 
 def _depthwise_dsp(k, node, x, G, zx, tx, tw, ty):
-    """int8 depthwise (multiplier 1) on DSP cores: ``ops_dw.dw3_extern`` for 3x3 windows
-    (ops_dw.dw3_applies), otherwise ``schedules.dw_dsp_extern`` (None when neither
+    """int8 depthwise (multiplier 1) with Kiln kernels: ``ops_dw.dw3_extern`` for 3x3 windows
+    on DSP cores (ops_dw.dw3_applies), otherwise ``schedules.dw_dsp_extern`` (None when neither
     applies: weights/bias not constant, C % 4, a left shift, or an input that is not a
     kernel argument)."""
     if not isinstance(x.op, te.PlaceholderOp):
@@ -244,7 +244,7 @@ def _depthwise_dsp(k, node, x, G, zx, tx, tw, ty):
     if not schedules.dw_dsp_ok(wc, bias, mult, shift, zx, zy):
         return None
     lo, hi = qmath.activation_range(node.attrs["activation"], _scale(ty), zy)
-    if ops_dw.dw3_applies(G):          # 3x3: the row-ring kernel (two taps per SMLAD)
+    if k.target.dsp and ops_dw.dw3_applies(G):   # 3x3: two taps per SMLAD (portable C: no gain)
         tab = k.const("dw3", ops_dw.dw3_table(wc, bias, mult, shift, zy))
         k.schedule(lambda sch, out_block: None)
         return ops_dw.dw3_extern(x, tab, G, zx, lo, hi)

@@ -125,35 +125,32 @@ static inline __attribute__((always_inline)) void kiln_dw3_row(const int16_t *r0
     r0 = (const int16_t *)__builtin_assume_aligned(r0, 8);
     r1 = (const int16_t *)__builtin_assume_aligned(r1, 8);
     r2 = (const int16_t *)__builtin_assume_aligned(r2, 8);
-    for (int32_t p = 0; p < ow; p += 2, y += 2 * C) {
-        int32_t s0, s1, m, hz, e;
-        uint32_t w01, w12;
-        KILN_DW3_T(s0, m, 24);
-        s1 = s0;
-        KILN_DW3_T(w01, w12, 0);
-        if (sw == 1) {
-            KILN_DW3_ROW1(r0, w01, w12);
-        } else {
-            KILN_DW3_ROW2(r0, w01, w12);
-        }
-        KILN_DW3_T(w01, w12, 8);
-        if (sw == 1) {
-            KILN_DW3_ROW1(r1, w01, w12);
-        } else {
-            KILN_DW3_ROW2(r1, w01, w12);
-        }
-        KILN_DW3_T(w01, w12, 16);
-        if (sw == 1) {
-            KILN_DW3_ROW1(r2, w01, w12);
-        } else {
-            KILN_DW3_ROW2(r2, w01, w12);
-        }
-        KILN_DW3_T(hz, e, 32);
+    int32_t s0, s1, m, hz, e;
+    uint32_t w01, w12;
+#define KILN_DW3_PAIR()                                                           \
+    do {                                                                          \
+        KILN_DW3_T(s0, m, 24);                                                    \
+        s1 = s0;                                                                  \
+        KILN_DW3_T(w01, w12, 0);                                                  \
+        if (sw == 1) KILN_DW3_ROW1(r0, w01, w12); else KILN_DW3_ROW2(r0, w01, w12); \
+        KILN_DW3_T(w01, w12, 8);                                                  \
+        if (sw == 1) KILN_DW3_ROW1(r1, w01, w12); else KILN_DW3_ROW2(r1, w01, w12); \
+        KILN_DW3_T(w01, w12, 16);                                                 \
+        if (sw == 1) KILN_DW3_ROW1(r2, w01, w12); else KILN_DW3_ROW2(r2, w01, w12); \
+        KILN_DW3_T(hz, e, 32);                                                    \
+    } while (0)
+    /* whole pairs, then an odd last pixel (its phantom partner computed, not stored) */
+    int8_t *const yend = y + (ow & ~1) * C;
+    for (; y != yend; y += 2 * C) {
+        KILN_DW3_PAIR();
         y[0] = (int8_t)kiln_dw3_out(s0, m, hz, e, lo, hi, full);
-        if (p + 1 < ow) {
-            y[C] = (int8_t)kiln_dw3_out(s1, m, hz, e, lo, hi, full);
-        }
+        y[C] = (int8_t)kiln_dw3_out(s1, m, hz, e, lo, hi, full);
     }
+    if (ow & 1) {
+        KILN_DW3_PAIR();
+        y[0] = (int8_t)kiln_dw3_out(s0, m, hz, e, lo, hi, full);
+    }
+#undef KILN_DW3_PAIR
 #undef KILN_DW3_T
 #else
     const int32_t b2 = t[6], m = t[7], hz = t[8], e = t[9];
