@@ -8,7 +8,8 @@
 QEMU runs with ``-icount shift=N,align=off,sleep=off`` (deterministic SysTick), the serial port
 as a TCP server on a free local port (``wait=on``: the CPU starts when the host connects, so no
 boot output is lost), semihosting for the exit code, ``-no-reboot`` and the instruction-count
-plugin. It is stopped on every path: context exit, :meth:`stop`, garbage collection and
+plugin, which leaves out the code whose instructions depend on when interrupts arrive
+(:func:`uncounted_ranges`). It is stopped on every path: context exit, :meth:`stop`, garbage collection and
 interpreter exit.
 """
 from __future__ import annotations
@@ -27,9 +28,14 @@ from pathlib import Path
 from kiln.common.errors import KilnError
 
 from .device import Device
+from .elf import Elf
 from .schema import Board
 
 DEFAULT_SHIFT = 6
+VECTORS = "kiln_vectors"        # the firmware's vector table (firmware/templates/startup.c.j2)
+# called inside the measured window, but how many instructions it runs depends on when the
+# SysTick interrupt lands: it reads the wrap count again when one arrived mid-read
+UNCOUNTED = ("kiln_timer_now",)
 
 
 class QemuError(KilnError, RuntimeError):
@@ -54,8 +60,11 @@ def command(board: Board, elf: str | Path, port: int, *, icount_shift: int | Non
             plugin: str | Path | None = None, markers: dict[str, int] | None = None,
             plugin_out: str | Path | None = None, log: str | Path | None = None,
             semihosting: bool = True, reboot: bool = False,
-            qmp: str | Path | None = None) -> list[str]:
-    """The qemu-system-arm command line for ``board`` (its ``qemu`` table) running ``elf``."""
+            qmp: str | Path | None = None,
+            uncounted: list[tuple[str, int, int]] | None = None) -> list[str]:
+    """The qemu-system-arm command line for ``board`` (its ``qemu`` table) running ``elf``.
+    ``uncounted``: code the plugin leaves out, (name, start, end) ranges (default: those of
+    :func:`uncounted_ranges` for ``elf``)."""
     cmd = [qemu_binary(), "-M", board.qemu.machine, "-nographic", "-monitor", "none",
            "-kernel", str(elf), *([] if reboot else ["-no-reboot"]),
            "-serial", f"tcp:127.0.0.1:{port},server=on,wait=on,nodelay=on"]
@@ -67,6 +76,9 @@ def command(board: Board, elf: str | Path, port: int, *, icount_shift: int | Non
         m = markers or {}
         args = [f"{k}=0x{m['kiln_marker_' + k]:x}" for k in ("begin", "end", "mark")
                 if "kiln_marker_" + k in m]
+        if uncounted is None:
+            uncounted = uncounted_ranges(elf)
+        args += [f"skip=0x{lo:x}-0x{hi:x}" for _, lo, hi in uncounted]
         if plugin_out is not None:
             args.append(f"out={plugin_out}")
         cmd += ["-plugin", ",".join([str(plugin), *args]), "-d", "plugin"]
@@ -76,6 +88,23 @@ def command(board: Board, elf: str | Path, port: int, *, icount_shift: int | Non
         cmd += ["-qmp", f"unix:{qmp},server=on,wait=off"]
     cmd += list(board.qemu.extra_args)
     return cmd
+
+
+def uncounted_ranges(elf: str | Path) -> list[tuple[str, int, int]]:
+    """(name, start, end) of the functions whose instructions the plugin does not count: the
+    exception handlers of the vector table (all but the reset handler; the SysTick wrap and UART
+    receive interrupts arrive at moments that depend on the host, not on the inference) and
+    :data:`UNCOUNTED`. An inference then counts the same instructions whenever interrupts
+    land in it. The handlers must not call other code (the firmware's are leaf functions,
+    tests/firmware/test_icount_interrupts.py checks it)."""
+    e = Elf.read(elf)
+    funcs = {s.address & ~1: (name, s) for name, s in sorted(e.symbols.items()) if s.func and s.size}
+    starts = set()
+    vec = e.symbols.get(VECTORS)
+    if vec is not None and vec.size >= 8:
+        starts |= {w & ~1 for w in e.words(vec.address, vec.size // 4)[2:] if w & 1}
+    starts |= {e.symbols[n].address & ~1 for n in UNCOUNTED if n in e.symbols}
+    return [(funcs[a][0], a, a + funcs[a][1].size) for a in sorted(starts) if a in funcs]
 
 
 _live: weakref.WeakSet[Qemu] = weakref.WeakSet()

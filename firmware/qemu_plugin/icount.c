@@ -65,6 +65,8 @@ typedef void (*qemu_plugin_udata_cb_t)(qemu_plugin_id_t id, void *userdata);
 void qemu_plugin_register_vcpu_tb_trans_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_tb_trans_cb_t cb);
 void qemu_plugin_register_vcpu_tb_exec_inline(struct qemu_plugin_tb *tb, enum qemu_plugin_op op,
                                               void *ptr, uint64_t imm);
+void qemu_plugin_register_vcpu_insn_exec_inline(struct qemu_plugin_insn *insn, enum qemu_plugin_op op,
+                                                void *ptr, uint64_t imm);
 void qemu_plugin_register_vcpu_tb_exec_cb(struct qemu_plugin_tb *tb, qemu_plugin_vcpu_udata_cb_t cb,
                                           enum qemu_plugin_cb_flags flags, void *userdata);
 const void *qemu_plugin_insn_data(const struct qemu_plugin_insn *insn);
@@ -84,13 +86,19 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 #include "thumb_classes.c"
 
 #define MAX_MARKS 4096
+#define MAX_SKIP 16
 enum { M_BEGIN = 1, M_END = 2, M_MARK = 3 };
+#define N_MIX (KC_N_CLASSES + KE_N_EVENTS)
 
-static uint64_t insns;                 /* running total, bumped inline per block */
-static uint64_t addr[4];               /* marker addresses by kind (0: unset) */
-static uint64_t begin_at, marks[MAX_MARKS];
-static unsigned n_marks, window;
-static bool in_window;
+/* Counters bumped inline by every executed (not skipped) instruction: its class, and for the
+ * *_MULTI classes the registers it moves. A conditional branch that ends a block counts as not
+ * taken, and also in cond_end; on_tb_exec moves it to "taken" once the next block shows where it
+ * went. The instruction count is the sum of the class counters. */
+static uint64_t mix[N_MIX];
+static uint64_t cond_end;
+static uint64_t addr[4];                       /* marker addresses by kind (0: unset) */
+static uint64_t skip_lo[MAX_SKIP], skip_hi[MAX_SKIP];
+static unsigned n_skip;
 static FILE *out;
 
 static void emit(const char *line)
@@ -103,57 +111,33 @@ static void emit(const char *line)
     }
 }
 
-static void on_marker(unsigned int vcpu, void *udata)
+static uint64_t total_insns(void)
 {
-    (void)vcpu;
-    uintptr_t u = (uintptr_t)udata;
-    unsigned kind = (unsigned)(u & 0xF);
-    uint64_t now = insns - (u >> 4);   /* instructions before this block */
-    if (kind == M_BEGIN) {
-        begin_at = now;
-        n_marks = 0;
-        in_window = true;
-    } else if (kind == M_MARK && in_window) {
-        if (n_marks < MAX_MARKS)
-            marks[n_marks++] = now - begin_at;
-    } else if (kind == M_END && in_window) {
-        in_window = false;
-        size_t cap = 96 + (size_t)n_marks * 21;
-        char *line = malloc(cap);
-        if (!line)
-            return;
-        int n = snprintf(line, cap, "kiln-icount: window=%u insns=%" PRIu64 " marks=", window++,
-                         now - begin_at);
-        for (unsigned i = 0; i < n_marks && n > 0 && (size_t)n < cap; i++)
-            n += snprintf(line + n, cap - (size_t)n, i ? ",%" PRIu64 : "%" PRIu64, marks[i]);
-        if (n > 0 && (size_t)n < cap - 1)
-            snprintf(line + n, cap - (size_t)n, "\n");
-        emit(line);
-        free(line);
-    }
+    uint64_t n = 0;
+    for (unsigned c = 0; c < KC_N_CLASSES; c++)
+        n += mix[c];
+    return n;
 }
 
-/* ---- instruction mix ---- */
-#define N_MIX (KC_N_CLASSES + KE_N_EVENTS)
-struct tb_mix {                 /* one translated block: its class totals, kept for its lifetime */
-    uint64_t pc, fallthrough;
-    unsigned marker;            /* M_BEGIN / M_END / M_MARK, or 0 */
-    int cond_branch;            /* its last instruction is B<c> / CBZ / CBNZ */
-    unsigned n_nonzero;
-    uint8_t idx[N_MIX];
-    uint32_t count[N_MIX];
-};
+static bool skipped(uint64_t pc)
+{
+    for (unsigned i = 0; i < n_skip; i++)
+        if (pc >= skip_lo[i] && pc < skip_hi[i])
+            return true;
+    return false;
+}
 
-static uint64_t mix[N_MIX], mix_begin[N_MIX], (*mix_marks)[N_MIX];
-static unsigned mix_n_marks, mix_window;
-static bool mix_in_window;
-static bool branch_pending;     /* the last block executed ended in a conditional branch */
-static uint64_t branch_fallthrough;
+/* ---- windows: kiln-icount lines (instructions) and kiln-mix lines (the mix) ---- */
+static uint64_t begin_at, marks[MAX_MARKS], mix_begin[N_MIX], (*mix_marks)[N_MIX];
+static unsigned n_marks, window;
+static bool in_window;
+static unsigned last_kind;      /* the last marker seen, and the count then: a block started */
+static uint64_t last_at = UINT64_MAX;   /* again without running anything is not a new marker */
 
 static void emit_mix(const char *what, const uint64_t *v)
 {
     char line[64 + N_MIX * 21];
-    int n = snprintf(line, sizeof line, "kiln-mix: window=%u %s ", mix_window, what);
+    int n = snprintf(line, sizeof line, "kiln-mix: window=%u %s ", window, what);
     for (unsigned c = 0; c < N_MIX && n > 0 && (size_t)n < sizeof line; c++)
         n += snprintf(line + n, sizeof line - (size_t)n, c ? ",%" PRIu64 : "%" PRIu64, v[c]);
     if (n > 0 && (size_t)n < sizeof line - 1) {
@@ -162,106 +146,139 @@ static void emit_mix(const char *what, const uint64_t *v)
     }
 }
 
-static void mix_marker(unsigned kind)
+static void end_window(uint64_t now)
 {
     uint64_t d[N_MIX];
-    if (kind == M_BEGIN) {
-        memcpy(mix_begin, mix, sizeof mix);
-        mix_n_marks = 0;
-        mix_in_window = true;
-        return;
+    size_t cap = 96 + (size_t)n_marks * 21;
+    char *line = malloc(cap);
+    if (line) {
+        int n = snprintf(line, cap, "kiln-icount: window=%u insns=%" PRIu64 " marks=", window,
+                         now - begin_at);
+        for (unsigned i = 0; i < n_marks && n > 0 && (size_t)n < cap; i++)
+            n += snprintf(line + n, cap - (size_t)n, i ? ",%" PRIu64 : "%" PRIu64, marks[i]);
+        if (n > 0 && (size_t)n < cap - 1)
+            snprintf(line + n, cap - (size_t)n, "\n");
+        emit(line);
+        free(line);
     }
-    if (!mix_in_window)
-        return;
-    for (unsigned c = 0; c < N_MIX; c++)
-        d[c] = mix[c] - mix_begin[c];
-    if (kind == M_MARK) {
-        if (mix_marks && mix_n_marks < MAX_MARKS)
-            memcpy(mix_marks[mix_n_marks++], d, sizeof d);
-        return;
-    }
-    mix_in_window = false;          /* M_END: the window's marks, then its total */
     char what[32];
-    for (unsigned i = 0; i < mix_n_marks; i++) {
+    for (unsigned i = 0; i < n_marks; i++) {
         snprintf(what, sizeof what, "mark=%u", i);
         emit_mix(what, mix_marks[i]);
     }
+    for (unsigned c = 0; c < N_MIX; c++)
+        d[c] = mix[c] - mix_begin[c];
     emit_mix("end", d);
-    mix_window++;
+    window++;
 }
+
+static void on_marker(unsigned kind)
+{
+    uint64_t now = total_insns();      /* instructions before the marker's first one */
+    if (kind == last_kind && now == last_at)
+        return;                        /* the same marker block started again (cut short) */
+    last_kind = kind;
+    last_at = now;
+    if (kind == M_BEGIN) {
+        begin_at = now;
+        memcpy(mix_begin, mix, sizeof mix);
+        n_marks = 0;
+        in_window = true;
+    } else if (kind == M_MARK && in_window) {
+        if (n_marks < MAX_MARKS && mix_marks) {
+            marks[n_marks] = now - begin_at;
+            for (unsigned c = 0; c < N_MIX; c++)
+                mix_marks[n_marks][c] = mix[c] - mix_begin[c];
+            n_marks++;
+        }
+    } else if (kind == M_END && in_window) {
+        in_window = false;
+        end_window(now);
+    }
+}
+
+/* ---- per-block bookkeeping (a callback when each counted block starts) ---- */
+struct tb_info {                /* one translated block, kept for its lifetime */
+    uint64_t pc, fallthrough;
+    unsigned marker;            /* M_BEGIN / M_END / M_MARK, or 0 */
+    int cond_branch;            /* its last instruction is B<c> / CBZ / CBNZ */
+};
+
+static bool branch_pending;     /* a block ending in a conditional branch started... */
+static uint64_t branch_fallthrough, branch_cond_end;   /* ...cond_end was this then */
 
 static void on_tb_exec(unsigned int vcpu, void *udata)
 {
     (void)vcpu;
-    const struct tb_mix *t = udata;
-    if (branch_pending) {           /* the previous block's conditional branch: where did it go? */
-        mix[t->pc == branch_fallthrough ? KC_BRANCH_NOT_TAKEN : KC_BRANCH_TAKEN]++;
-        branch_pending = false;
+    const struct tb_info *t = udata;
+    if (branch_pending && cond_end != branch_cond_end && t->pc != branch_fallthrough) {
+        mix[KC_BRANCH_NOT_TAKEN]--;     /* it ran (the block was not cut short) and jumped */
+        mix[KC_BRANCH_TAKEN]++;
     }
-    if (t->marker)                  /* counts before this block's first instruction */
-        mix_marker(t->marker);
-    for (unsigned i = 0; i < t->n_nonzero; i++)
-        mix[t->idx[i]] += t->count[i];
-    if (t->cond_branch) {
-        branch_pending = true;
-        branch_fallthrough = t->fallthrough;
-    }
+    branch_pending = t->cond_branch;
+    branch_fallthrough = t->fallthrough;
+    branch_cond_end = cond_end;
+    if (t->marker)
+        on_marker(t->marker);
 }
 
-/* classify a block's instructions; a conditional branch that ends it is left to on_tb_exec */
-static struct tb_mix *classify_tb(struct qemu_plugin_tb *tb, size_t n)
+static void count_insn(struct qemu_plugin_insn *insn, unsigned cls, unsigned event, uint32_t regs)
 {
-    uint32_t per[N_MIX] = {0};
-    struct tb_mix *t = calloc(1, sizeof *t);
-    if (!t)
-        return NULL;
-    int prev_load_rt = -1;
-    for (size_t i = 0; i < n; i++) {
-        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
-        struct kiln_insn d;
-        kiln_classify(qemu_plugin_insn_data(insn), (int)qemu_plugin_insn_size(insn), prev_load_rt, &d);
-        uint64_t pc = qemu_plugin_insn_vaddr(insn);
-        if (i == 0)
-            t->pc = pc;
-        t->fallthrough = pc + qemu_plugin_insn_size(insn);
-        if (d.cond_branch && i + 1 == n)
-            t->cond_branch = 1;     /* resolved when the next block starts */
-        else
-            per[d.cond_branch ? KC_BRANCH_NOT_TAKEN : d.cls]++;
-        if (d.cls == KC_LOAD_MULTI || d.cls == KC_POP_PC)
-            per[KC_N_CLASSES + KE_REGS_LOAD_MULTI] += (uint32_t)d.regs;
-        else if (d.cls == KC_STORE_MULTI)
-            per[KC_N_CLASSES + KE_REGS_STORE_MULTI] += (uint32_t)d.regs;
-        else if (d.cls == KC_FP_MULTI)
-            per[KC_N_CLASSES + KE_REGS_FP_MULTI] += (uint32_t)d.regs;
-        prev_load_rt = d.load_rt;
-    }
-    for (unsigned c = 0; c < N_MIX; c++)
-        if (per[c]) {
-            t->idx[t->n_nonzero] = (uint8_t)c;
-            t->count[t->n_nonzero++] = per[c];
-        }
-    return t;
+    qemu_plugin_register_vcpu_insn_exec_inline(insn, QEMU_PLUGIN_INLINE_ADD_U64, &mix[cls], 1);
+    if (regs)
+        qemu_plugin_register_vcpu_insn_exec_inline(insn, QEMU_PLUGIN_INLINE_ADD_U64,
+                                                   &mix[KC_N_CLASSES + event], regs);
 }
 
+/* Instrument a block: each instruction outside the skipped ranges bumps its class counter when
+ * it executes, so a block cut short by an interrupt counts only what ran. */
 static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 {
     (void)id;
     size_t n = qemu_plugin_tb_n_insns(tb);
-    qemu_plugin_register_vcpu_tb_exec_inline(tb, QEMU_PLUGIN_INLINE_ADD_U64, &insns, n);
-    struct qemu_plugin_insn *first = qemu_plugin_tb_get_insn(tb, 0);
-    uint64_t pc = qemu_plugin_insn_vaddr(first);
-    struct tb_mix *t = classify_tb(tb, n);
-    for (unsigned kind = M_BEGIN; kind <= M_MARK; kind++) {
-        if (addr[kind] && pc == addr[kind]) {
-            qemu_plugin_register_vcpu_insn_exec_cb(first, on_marker, QEMU_PLUGIN_CB_NO_REGS,
-                                                   (void *)(uintptr_t)((n << 4) | kind));
-            if (t)
-                t->marker = kind;
+    struct tb_info t = {0};
+    bool counted = false;
+    int prev_load_rt = -1;
+    for (size_t i = 0; i < n; i++) {
+        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        uint64_t pc = qemu_plugin_insn_vaddr(insn);
+        struct kiln_insn d;
+        kiln_classify(qemu_plugin_insn_data(insn), (int)qemu_plugin_insn_size(insn), prev_load_rt, &d);
+        prev_load_rt = d.load_rt;
+        if (i == 0) {
+            t.pc = pc;
+            for (unsigned kind = M_BEGIN; kind <= M_MARK; kind++)
+                if (addr[kind] && pc == addr[kind])
+                    t.marker = kind;
+        }
+        t.fallthrough = pc + qemu_plugin_insn_size(insn);
+        if (skipped(pc))
+            continue;
+        counted = true;
+        unsigned event = d.cls == KC_STORE_MULTI ? KE_REGS_STORE_MULTI
+                         : d.cls == KC_FP_MULTI  ? KE_REGS_FP_MULTI
+                                                 : KE_REGS_LOAD_MULTI;
+        bool multi = d.cls == KC_LOAD_MULTI || d.cls == KC_POP_PC || d.cls == KC_STORE_MULTI ||
+                     d.cls == KC_FP_MULTI;
+        uint32_t regs = multi ? (uint32_t)d.regs : 0;
+        if (d.cond_branch) {            /* not taken until the next block says otherwise */
+            count_insn(insn, KC_BRANCH_NOT_TAKEN, event, regs);
+            if (i + 1 == n) {
+                t.cond_branch = 1;
+                qemu_plugin_register_vcpu_insn_exec_inline(insn, QEMU_PLUGIN_INLINE_ADD_U64,
+                                                           &cond_end, 1);
+            }
+        } else {
+            count_insn(insn, (unsigned)d.cls, event, regs);
         }
     }
-    if (t)      /* blocks are translated again after a flush: a few KB each time, kept */
-        qemu_plugin_register_vcpu_tb_exec_cb(tb, on_tb_exec, QEMU_PLUGIN_CB_NO_REGS, t);
+    if (!counted && !t.marker)
+        return;         /* skipped code (an exception handler): invisible to the windows */
+    struct tb_info *keep = malloc(sizeof *keep);
+    if (!keep)
+        return;         /* blocks are translated again after a flush: a few bytes each, kept */
+    *keep = t;
+    qemu_plugin_register_vcpu_tb_exec_cb(tb, on_tb_exec, QEMU_PLUGIN_CB_NO_REGS, keep);
 }
 
 static void on_plugin_exit(qemu_plugin_id_t id, void *udata)
@@ -269,7 +286,7 @@ static void on_plugin_exit(qemu_plugin_id_t id, void *udata)
     (void)id;
     (void)udata;
     char line[96];
-    snprintf(line, sizeof line, "kiln-icount: total insns=%" PRIu64 "\n", insns);
+    snprintf(line, sizeof line, "kiln-icount: total insns=%" PRIu64 "\n", total_insns());
     emit(line);
     if (out)
         fclose(out);
@@ -287,7 +304,17 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
             addr[M_END] = strtoull(a + 4, NULL, 0) & ~1ull;
         else if (!strncmp(a, "mark=", 5))
             addr[M_MARK] = strtoull(a + 5, NULL, 0) & ~1ull;
-        else if (!strncmp(a, "out=", 4)) {
+        else if (!strncmp(a, "skip=", 5)) {
+            char *dash;
+            uint64_t lo = strtoull(a + 5, &dash, 0), hi = *dash == '-' ? strtoull(dash + 1, NULL, 0) : 0;
+            if (n_skip == MAX_SKIP || hi <= lo) {
+                fprintf(stderr, "kiln icount plugin: bad or too many skip ranges at '%s' "
+                                "(expected at most %d of skip=0xSTART-0xEND)\n", a, MAX_SKIP);
+                return -1;
+            }
+            skip_lo[n_skip] = lo & ~1ull;
+            skip_hi[n_skip++] = hi & ~1ull;
+        } else if (!strncmp(a, "out=", 4)) {
             out = fopen(a + 4, "w");
             if (!out) {
                 fprintf(stderr, "kiln icount plugin: cannot open %s\n", a + 4);
@@ -295,7 +322,7 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
             }
         } else {
             fprintf(stderr, "kiln icount plugin: unknown argument '%s' "
-                            "(expected begin=, end=, mark=, out=)\n", a);
+                            "(expected begin=, end=, mark=, skip=, out=)\n", a);
             return -1;
         }
     }

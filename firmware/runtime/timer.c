@@ -12,6 +12,15 @@
 #define SYST_CVR KILN_REG(0xE000E018u)
 #define ICSR KILN_REG(0xE000ED04u)
 #define SYST_MAX 0x00FFFFFFu
+/* The SysTick period in core clocks, minus one. Test builds may shorten it
+ * (-DKILN_SYSTICK_RELOAD=N: an interrupt every N+1 clocks) so that interrupts land inside every
+ * inference: the QEMU plugin's instruction counts must not depend on them (docs/firmware.md). */
+#ifndef KILN_SYSTICK_RELOAD
+#define KILN_SYSTICK_RELOAD SYST_MAX
+#endif
+#define SYST_RELOAD ((uint32_t)(KILN_SYSTICK_RELOAD))
+_Static_assert(SYST_RELOAD >= 255u && SYST_RELOAD <= SYST_MAX,
+               "KILN_SYSTICK_RELOAD must be 255..0xFFFFFF (shorter periods leave no time between interrupts)");
 
 static uint8_t kind = KILN_TIMER_NONE;
 static volatile uint32_t systick_wraps;
@@ -33,7 +42,7 @@ void kiln_timer_init(void)
     }
 #endif
     SYST_CSR = 0;
-    SYST_RVR = SYST_MAX;
+    SYST_RVR = SYST_RELOAD;
     SYST_CVR = 0;
     SYST_CSR = 7u;              /* processor clock, interrupt on wrap, enable */
     kind = KILN_TIMER_SYSTICK;
@@ -49,9 +58,9 @@ uint64_t kiln_timer_now(void)
         lo = SYST_CVR;
         pending = ICSR & (1u << 26);   /* PENDSTSET: wrapped, handler not run yet */
     } while (hi != systick_wraps);
-    if (pending && lo > SYST_MAX / 2)
+    if (pending && lo > SYST_RELOAD / 2)
         hi++;
-    return ((uint64_t)hi << 24) + (SYST_MAX - lo);
+    return (uint64_t)hi * (SYST_RELOAD + 1u) + (SYST_RELOAD - lo);
 }
 
 uint32_t kiln_timer_hz(void) { return KILN_CLOCK_HZ; }
