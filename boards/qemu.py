@@ -119,16 +119,20 @@ def _stop_all() -> None:
 class Qemu:
     """One QEMU process running one image. ``image`` is a kiln.firmware.Image (or pass
     ``elf=``/``board=``/``markers=`` directly). ``plugin``: the instruction-count plugin (a path),
-    True for the image's own (``image.qemu_plugin``), or None/False for none."""
+    True for the image's own (``image.qemu_plugin``), or None/False for none. ``uncounted``: the
+    code the plugin leaves out (default: :func:`uncounted_ranges`; ``[]`` counts everything,
+    interrupt handlers included)."""
 
     def __init__(self, image=None, *, board: Board | None = None, elf: str | Path | None = None,
                  markers: dict[str, int] | None = None, icount_shift: int | None = DEFAULT_SHIFT,
                  plugin: bool | str | Path = True, workdir: str | Path | None = None,
-                 semihosting: bool | None = None, reboot: bool = False, qmp: bool = False):
+                 semihosting: bool | None = None, reboot: bool = False, qmp: bool = False,
+                 uncounted: list[tuple[str, int, int]] | None = None):
         self.board = board or image.board
         self.elf = Path(elf or image.elf)
         self.markers = markers if markers is not None else (image.markers if image else {})
         self.icount_shift = icount_shift
+        self.uncounted = uncounted
         self.reboot = reboot    # False: a system reset ends QEMU (-no-reboot); True: it reboots
         self.semihosting = semihosting if semihosting is not None else (
             image.semihosting if image is not None else True)
@@ -161,7 +165,7 @@ class Qemu:
             cmd = command(self.board, self.elf, self.port, icount_shift=self.icount_shift,
                           plugin=self.plugin if self.markers else None, markers=self.markers,
                           plugin_out=self.icount_log, log=self.log, semihosting=self.semihosting,
-                          reboot=self.reboot, qmp=self.qmp_path)
+                          reboot=self.reboot, qmp=self.qmp_path, uncounted=self.uncounted)
             self.cmd = cmd
             out = open(self.stdout, "wb")
             err = open(self.stderr, "wb")

@@ -202,15 +202,57 @@ struct tb_info {                /* one translated block, kept for its lifetime *
     uint64_t pc, fallthrough;
     unsigned marker;            /* M_BEGIN / M_END / M_MARK, or 0 */
     int cond_branch;            /* its last instruction is B<c> / CBZ / CBNZ */
+    int first_cls;              /* its first instruction's class as translated (-1: none to fix) */
+    int first_size;
+    uint8_t first[4];           /* ...and its bytes, to classify it again after a load */
+    unsigned n;                 /* instructions, all counted (0: a block with skipped ones) */
+    struct {
+        uint16_t end;           /* offset of the instruction's end from pc */
+        int8_t load_rt;         /* destination of a load single, or -1 */
+    } insn[];
 };
 
 static bool branch_pending;     /* a block ending in a conditional branch started... */
 static uint64_t branch_fallthrough, branch_cond_end;   /* ...cond_end was this then */
+static const struct tb_info *prev;                     /* the last counted block started... */
+static uint64_t prev_total;                            /* ...when this many had run */
+static bool fix_pending;        /* a block's first instruction was reclassified in advance */
+static int fix_from, fix_to;
+
+/* A block that starts inside the previous one, just after the last instruction that ran there
+ * (an interrupt cut it short and QEMU resumes in a new block), continues its instruction stream:
+ * its first load or store pipelines after a load single there as it would without the cut. The
+ * counter moves now, before the instruction runs; undone if it does not (nothing counted by the
+ * next block). */
+static void continue_stream(const struct tb_info *t, uint64_t now)
+{
+    if (fix_pending && now == prev_total) {
+        mix[fix_to]--;
+        mix[fix_from]++;
+    }
+    fix_pending = false;
+    if (!prev || !prev->n || t->first_cls < 0 || t->pc <= prev->pc || t->pc > prev->fallthrough)
+        return;
+    uint64_t ran = now - prev_total, off = t->pc - prev->pc;
+    if (ran == 0 || ran > prev->n || prev->insn[ran - 1].end != off || prev->insn[ran - 1].load_rt < 0)
+        return;                 /* not where the previous block stopped, or not after a load */
+    struct kiln_insn d;
+    kiln_classify(t->first, t->first_size, prev->insn[ran - 1].load_rt, &d);
+    if (d.cls != t->first_cls) {
+        mix[t->first_cls]--;
+        mix[d.cls]++;
+        fix_pending = true;
+        fix_from = t->first_cls;
+        fix_to = d.cls;
+    }
+}
 
 static void on_tb_exec(unsigned int vcpu, void *udata)
 {
     (void)vcpu;
     const struct tb_info *t = udata;
+    uint64_t now = total_insns();
+    continue_stream(t, now);
     if (branch_pending && cond_end != branch_cond_end && t->pc != branch_fallthrough) {
         mix[KC_BRANCH_NOT_TAKEN]--;     /* it ran (the block was not cut short) and jumped */
         mix[KC_BRANCH_TAKEN]++;
@@ -218,6 +260,8 @@ static void on_tb_exec(unsigned int vcpu, void *udata)
     branch_pending = t->cond_branch;
     branch_fallthrough = t->fallthrough;
     branch_cond_end = cond_end;
+    prev = t;
+    prev_total = now;
     if (t->marker)
         on_marker(t->marker);
 }
@@ -236,24 +280,32 @@ static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 {
     (void)id;
     size_t n = qemu_plugin_tb_n_insns(tb);
-    struct tb_info t = {0};
-    bool counted = false;
+    struct tb_info *t = calloc(1, sizeof *t + n * sizeof t->insn[0]);
+    if (!t)
+        return;         /* blocks are translated again after a flush: a few bytes each, kept */
+    bool counted = false, all = true;
     int prev_load_rt = -1;
+    t->first_cls = -1;
     for (size_t i = 0; i < n; i++) {
         struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
         uint64_t pc = qemu_plugin_insn_vaddr(insn);
+        size_t size = qemu_plugin_insn_size(insn);
         struct kiln_insn d;
-        kiln_classify(qemu_plugin_insn_data(insn), (int)qemu_plugin_insn_size(insn), prev_load_rt, &d);
+        kiln_classify(qemu_plugin_insn_data(insn), (int)size, prev_load_rt, &d);
         prev_load_rt = d.load_rt;
         if (i == 0) {
-            t.pc = pc;
+            t->pc = pc;
             for (unsigned kind = M_BEGIN; kind <= M_MARK; kind++)
                 if (addr[kind] && pc == addr[kind])
-                    t.marker = kind;
+                    t->marker = kind;
         }
-        t.fallthrough = pc + qemu_plugin_insn_size(insn);
-        if (skipped(pc))
+        t->fallthrough = pc + size;
+        t->insn[i].end = (uint16_t)(t->fallthrough - t->pc);
+        t->insn[i].load_rt = (int8_t)d.load_rt;
+        if (skipped(pc)) {
+            all = false;
             continue;
+        }
         counted = true;
         unsigned event = d.cls == KC_STORE_MULTI ? KE_REGS_STORE_MULTI
                          : d.cls == KC_FP_MULTI  ? KE_REGS_FP_MULTI
@@ -264,21 +316,27 @@ static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
         if (d.cond_branch) {            /* not taken until the next block says otherwise */
             count_insn(insn, KC_BRANCH_NOT_TAKEN, event, regs);
             if (i + 1 == n) {
-                t.cond_branch = 1;
+                t->cond_branch = 1;
                 qemu_plugin_register_vcpu_insn_exec_inline(insn, QEMU_PLUGIN_INLINE_ADD_U64,
                                                            &cond_end, 1);
             }
         } else {
             count_insn(insn, (unsigned)d.cls, event, regs);
+            if (i == 0 && size <= sizeof t->first) {
+                t->first_cls = d.cls;
+                t->first_size = (int)size;
+                memcpy(t->first, qemu_plugin_insn_data(insn), size);
+            }
         }
     }
-    if (!counted && !t.marker)
-        return;         /* skipped code (an exception handler): invisible to the windows */
-    struct tb_info *keep = malloc(sizeof *keep);
-    if (!keep)
-        return;         /* blocks are translated again after a flush: a few bytes each, kept */
-    *keep = t;
-    qemu_plugin_register_vcpu_tb_exec_cb(tb, on_tb_exec, QEMU_PLUGIN_CB_NO_REGS, keep);
+    t->n = all ? (unsigned)n : 0;
+    if (!all)
+        t->first_cls = -1;
+    if (!counted && !t->marker) {
+        free(t);        /* skipped code (an exception handler): invisible to the windows */
+        return;
+    }
+    qemu_plugin_register_vcpu_tb_exec_cb(tb, on_tb_exec, QEMU_PLUGIN_CB_NO_REGS, t);
 }
 
 static void on_plugin_exit(qemu_plugin_id_t id, void *udata)
