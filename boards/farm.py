@@ -30,8 +30,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 from .flash import flash as kiln_flash
+from .flash import write_uf2
 from .schema import BoardError
 
 DEFAULT_COORDINATOR = "127.0.0.1:20408"
@@ -306,16 +308,22 @@ class Lease:
 
     def flash(self, image, serial: str | None = None) -> str:
         """Put ``image`` on the place's board: labgrid's BootstrapProtocol driver (OpenOCD,
-        pyOCD, ...) when the environment file configures one, else Kiln's own flasher
+        pyOCD, ...) when the environment file configures one; for a board flashed with UF2
+        files (rpi-pico), labgrid's USBStorageDriver when it configures that (the UF2 file is
+        copied onto the boot ROM's drive, partition 1); else Kiln's own flasher
         (boards/flash.py; emulated boards run the image their exporter host started).
         Returns how it was flashed."""
         if self.spec.env:
             from labgrid import Environment
             target = Environment(self.spec.env).get_target()
-            try:
-                driver = target.get_driver("BootstrapProtocol")
-            except Exception:
-                driver = None
+            if image.board.flash.options.get("format") == "uf2" and not (image.board.emulated
+                                                                          or image.board.emulates):
+                storage = _driver(target, "USBStorageDriver")
+                if storage is not None:
+                    target.activate(storage)
+                    storage.write_files([str(write_uf2(image))], PurePosixPath("/"), 1)
+                    return "labgrid USBStorageDriver (UF2)"
+            driver = _driver(target, "BootstrapProtocol")
             if driver is not None:
                 target.activate(driver)
                 driver.load(str(image.elf))
@@ -396,3 +404,11 @@ def guard(address: str, place: str, user: str) -> int:
 
 if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "guard":
     sys.exit(guard(*sys.argv[2:]))
+
+
+def _driver(target, name: str):
+    """The labgrid target's driver (or protocol) ``name``, None when it has none."""
+    try:
+        return target.get_driver(name)
+    except Exception:
+        return None

@@ -3,33 +3,40 @@
     flash(image)                     # uses image.board.flash
     flash_command(image, serial=...) # the command line, for logs and tests
 
-openocd and pyocd program the ELF through a debug probe; copy-to-drive writes a UF2 file onto
-the board's USB mass-storage drive (RP2040 boot ROM). Emulated boards need no flashing.
+openocd and pyocd program the ELF through a debug probe; copy-to-drive writes a UF2 file
+(boards/uf2.py; :func:`write_uf2` puts ``firmware.uf2`` next to the image) onto the board's USB
+mass-storage drive (RP2040 boot ROM). Emulated boards need no flashing.
 """
 from __future__ import annotations
 
 import shutil
-import struct
 import subprocess
 import time
 from pathlib import Path
 
+from . import uf2
 from .schema import Board, BoardError
 
-UF2_MAGIC = (0x0A324655, 0x9E5D5157, 0x0AB16F30)
-UF2_FLAG_FAMILY = 0x00002000
+UF2_MAGIC = (uf2.MAGIC_START0, uf2.MAGIC_START1, uf2.MAGIC_END)
+UF2_FLAG_FAMILY = uf2.FLAG_FAMILY_ID
 
 
 def to_uf2(binary: bytes, base: int, family_id: int | None = None) -> bytes:
-    """Wrap a flat binary loaded at ``base`` in 256-byte UF2 blocks."""
-    chunks = [binary[i:i + 256] for i in range(0, len(binary), 256)] or [b""]
-    out = bytearray()
-    for n, chunk in enumerate(chunks):
-        flags = UF2_FLAG_FAMILY if family_id is not None else 0
-        hdr = struct.pack("<8I", UF2_MAGIC[0], UF2_MAGIC[1], flags, base + 256 * n, 256, n,
-                          len(chunks), family_id or 0)
-        out += hdr + chunk.ljust(476, b"\0") + struct.pack("<I", UF2_MAGIC[2])
-    return bytes(out)
+    """Wrap a flat binary loaded at ``base`` in 256-byte UF2 blocks (:func:`kiln.boards.uf2.encode`)."""
+    return uf2.encode(binary, base, family_id)
+
+
+def write_uf2(image) -> Path:
+    """Write ``image`` (its flat binary, at the board's flash origin, with the board file's
+    ``family_id``) as ``firmware.uf2`` next to ``image.bin``; returns its path."""
+    board: Board = image.board
+    fmt = board.flash.options.get("format")
+    if board.flash.method != "copy-to-drive" or fmt != "uf2":
+        raise BoardError(f"board {board.name} is not flashed with UF2 files (flash method "
+                         f"{board.flash.method}{f', format {fmt}' if fmt else ''})")
+    path = Path(image.bin).with_suffix(".uf2")
+    path.write_bytes(to_uf2(Path(image.bin).read_bytes(), _base(board), board.flash.options.get("family_id")))
+    return path
 
 
 def _base(board: Board) -> int:
@@ -90,5 +97,4 @@ def flash(image, serial: str | None = None, timeout: float = 120.0) -> None:
     if drive is None:
         raise BoardError(f"board {board.name}: no drive labelled {opts['drive_label']} mounted "
                          f"(hold BOOTSEL while plugging the board in)")
-    data = to_uf2(Path(image.bin).read_bytes(), _base(board), opts.get("family_id"))
-    (drive / "kiln.uf2").write_bytes(data)
+    shutil.copyfile(write_uf2(image), drive / "kiln.uf2")

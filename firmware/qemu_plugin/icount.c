@@ -1,6 +1,7 @@
 /* Kiln QEMU TCG plugin: exact executed-instruction counts between marker functions.
  *
- *   qemu-system-arm ... -plugin libicount.so,begin=0xADDR,end=0xADDR[,mark=0xADDR][,out=FILE] -d plugin
+ *   qemu-system-arm ... -plugin libicount.so,begin=0xADDR,end=0xADDR[,mark=0xADDR]
+ *                                [,skip=0xSTART-0xEND ...][,out=FILE] -d plugin
  *
  * begin/end/mark are the addresses of kiln_marker_begin/_end/_mark (firmware/runtime/timer.c).
  * For each begin..end window the plugin prints one line
@@ -12,15 +13,20 @@
  * Output goes through qemu_plugin_outs (visible with -d plugin [-D log]) or, with out=FILE, to
  * FILE, flushed after each line so a host can read it while QEMU runs.
  *
- * Counting: every translation block adds its instruction count inline when it starts; the
- * marker functions start a block (they are only entered by calls), so the count "before the
- * marker" is the running total minus the marker block's own size.
+ * What counts: every executed instruction outside the skip= ranges (up to 16; the host passes
+ * the exception handlers and kiln_timer_now: code whose instructions depend on when interrupts
+ * arrive, docs/firmware.md). Blocks wholly inside them are not instrumented at all.
  *
- * Instruction mix: every block is also classified at translation time from its instruction
- * bytes (thumb_classes.c: ALU, multiply/MAC, divide, loads and stores single/dual/multiple,
- * branches, IT, FPU, Helium...), and one callback per executed block adds its class totals;
- * a block ending in a conditional branch (B<c>, CBZ/CBNZ) is resolved as taken or not taken
- * when the next block starts (not taken: it starts at the fall-through address). Per window:
+ * Counting: every block is classified at translation time from its instruction bytes
+ * (thumb_classes.c: ALU, multiply/MAC, divide, loads and stores single/dual/multiple, branches,
+ * IT, FPU, Helium...) and one callback per executed block adds its class totals when it starts
+ * (the instruction count is the sum of the class counts). An interrupt can cut a block short:
+ * QEMU stops inside it and, after the handler, resumes in a new block at the next instruction.
+ * The block's last instruction bumps tb_done inline, so when the next counted block starts the
+ * plugin knows whether the previous one ran to its end; if not, it takes back the instructions
+ * from where the new block starts (they had not run, and run again there). A block ending in a
+ * conditional branch (B<c>, CBZ/CBNZ) that ran to its end is resolved as taken or not taken when
+ * the next counted block starts (not taken: it starts at the fall-through address). Per window:
  *   kiln-mix: names=<class>,...,<event>,...                 (once, at start)
  *   kiln-mix: window=<k> mark=<i> <count>,<count>,...      (cumulative at the i-th mark)
  *   kiln-mix: window=<k> end <count>,<count>,...           (the whole window)
@@ -63,17 +69,12 @@ typedef void (*qemu_plugin_vcpu_tb_trans_cb_t)(qemu_plugin_id_t id, struct qemu_
 typedef void (*qemu_plugin_vcpu_udata_cb_t)(unsigned int vcpu_index, void *userdata);
 typedef void (*qemu_plugin_udata_cb_t)(qemu_plugin_id_t id, void *userdata);
 void qemu_plugin_register_vcpu_tb_trans_cb(qemu_plugin_id_t id, qemu_plugin_vcpu_tb_trans_cb_t cb);
-void qemu_plugin_register_vcpu_tb_exec_inline(struct qemu_plugin_tb *tb, enum qemu_plugin_op op,
-                                              void *ptr, uint64_t imm);
 void qemu_plugin_register_vcpu_insn_exec_inline(struct qemu_plugin_insn *insn, enum qemu_plugin_op op,
                                                 void *ptr, uint64_t imm);
 void qemu_plugin_register_vcpu_tb_exec_cb(struct qemu_plugin_tb *tb, qemu_plugin_vcpu_udata_cb_t cb,
                                           enum qemu_plugin_cb_flags flags, void *userdata);
 const void *qemu_plugin_insn_data(const struct qemu_plugin_insn *insn);
 size_t qemu_plugin_insn_size(const struct qemu_plugin_insn *insn);
-void qemu_plugin_register_vcpu_insn_exec_cb(struct qemu_plugin_insn *insn,
-                                            qemu_plugin_vcpu_udata_cb_t cb,
-                                            enum qemu_plugin_cb_flags flags, void *userdata);
 size_t qemu_plugin_tb_n_insns(const struct qemu_plugin_tb *tb);
 struct qemu_plugin_insn *qemu_plugin_tb_get_insn(const struct qemu_plugin_tb *tb, size_t idx);
 uint64_t qemu_plugin_insn_vaddr(const struct qemu_plugin_insn *insn);
@@ -90,12 +91,10 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 enum { M_BEGIN = 1, M_END = 2, M_MARK = 3 };
 #define N_MIX (KC_N_CLASSES + KE_N_EVENTS)
 
-/* Counters bumped inline by every executed (not skipped) instruction: its class, and for the
- * *_MULTI classes the registers it moves. A conditional branch that ends a block counts as not
- * taken, and also in cond_end; on_tb_exec moves it to "taken" once the next block shows where it
- * went. The instruction count is the sum of the class counters. */
+/* Per-class instruction counts (and for the *_MULTI classes the registers they move); the
+ * instruction count is the sum of the class counters. See on_tb_exec. */
 static uint64_t mix[N_MIX];
-static uint64_t cond_end;
+static uint64_t tb_done;        /* bumped inline by the last instruction of every counted block */
 static uint64_t addr[4];                       /* marker addresses by kind (0: unset) */
 static uint64_t skip_lo[MAX_SKIP], skip_hi[MAX_SKIP];
 static unsigned n_skip;
@@ -202,80 +201,98 @@ struct tb_info {                /* one translated block, kept for its lifetime *
     uint64_t pc, fallthrough;
     unsigned marker;            /* M_BEGIN / M_END / M_MARK, or 0 */
     int cond_branch;            /* its last instruction is B<c> / CBZ / CBNZ */
-    int first_cls;              /* its first instruction's class as translated (-1: none to fix) */
-    int first_size;
-    uint8_t first[4];           /* ...and its bytes, to classify it again after a load */
     unsigned n;                 /* instructions, all counted (0: a block with skipped ones) */
+    unsigned n_nonzero;         /* class and event totals of the whole block */
+    uint8_t idx[N_MIX];
+    uint32_t count[N_MIX];
+    int first_size;
+    uint8_t first[4];           /* the first instruction's bytes, to classify it after a load */
     struct {
         uint16_t end;           /* offset of the instruction's end from pc */
         int8_t load_rt;         /* destination of a load single, or -1 */
+        uint8_t cls;            /* its class (a conditional branch: not taken) */
+        uint8_t regs;           /* registers / words moved by a *_MULTI class */
     } insn[];
 };
 
-static bool branch_pending;     /* a block ending in a conditional branch started... */
-static uint64_t branch_fallthrough, branch_cond_end;   /* ...cond_end was this then */
-static const struct tb_info *prev;                     /* the last counted block started... */
-static uint64_t prev_total;                            /* ...when this many had run */
-static bool fix_pending;        /* a block's first instruction was reclassified in advance */
-static int fix_from, fix_to;
+static const struct tb_info *prev;  /* the last counted block that started... */
+static uint64_t prev_done;          /* ...tb_done then... */
+static unsigned prev_first;         /* ...and the class its first instruction counted in */
 
-/* A block that starts inside the previous one, just after the last instruction that ran there
- * (an interrupt cut it short and QEMU resumes in a new block), continues its instruction stream:
- * its first load or store pipelines after a load single there as it would without the cut. The
- * counter moves now, before the instruction runs; undone if it does not (nothing counted by the
- * next block). */
-static void continue_stream(const struct tb_info *t, uint64_t now)
+static unsigned event_of(unsigned cls)
 {
-    if (fix_pending && now == prev_total) {
-        mix[fix_to]--;
-        mix[fix_from]++;
-    }
-    fix_pending = false;
-    if (!prev || !prev->n || t->first_cls < 0 || t->pc <= prev->pc || t->pc > prev->fallthrough)
-        return;
-    uint64_t ran = now - prev_total, off = t->pc - prev->pc;
-    if (ran == 0 || ran > prev->n || prev->insn[ran - 1].end != off || prev->insn[ran - 1].load_rt < 0)
-        return;                 /* not where the previous block stopped, or not after a load */
-    struct kiln_insn d;
-    kiln_classify(t->first, t->first_size, prev->insn[ran - 1].load_rt, &d);
-    if (d.cls != t->first_cls) {
-        mix[t->first_cls]--;
-        mix[d.cls]++;
-        fix_pending = true;
-        fix_from = t->first_cls;
-        fix_to = d.cls;
+    return KC_N_CLASSES + (cls == KC_STORE_MULTI ? KE_REGS_STORE_MULTI
+                           : cls == KC_FP_MULTI  ? KE_REGS_FP_MULTI
+                                                 : KE_REGS_LOAD_MULTI);
+}
+
+/* Take back the counts of b's instructions from index j on: they had not run when b was cut. */
+static void uncount(const struct tb_info *b, unsigned j, unsigned first)
+{
+    for (unsigned i = j; i < b->n; i++) {
+        unsigned cls = i ? b->insn[i].cls : first;
+        mix[cls]--;
+        if (b->insn[i].regs)
+            mix[event_of(cls)] -= b->insn[i].regs;
     }
 }
 
+/* Where the previous block stopped: when its last instruction did not run (an interrupt cut it
+ * short, and after the handler QEMU resumes at t's pc in a new block), take back what it had
+ * not run; a conditional branch that ended it is resolved. Returns the destination register of
+ * the load single that ran just before t's first instruction (-1: none): t continues that
+ * instruction stream, so its first load or store pipelines as it would without the cut. */
+static int settle_prev(const struct tb_info *t)
+{
+    if (!prev)
+        return -1;
+    if (tb_done != prev_done) {         /* it ran to its end */
+        if (prev->cond_branch && t->pc != prev->fallthrough) {
+            mix[KC_BRANCH_NOT_TAKEN]--;
+            mix[KC_BRANCH_TAKEN]++;
+        }
+        return prev->n && t->pc == prev->fallthrough ? prev->insn[prev->n - 1].load_rt : -1;
+    }
+    if (!prev->n || t->pc < prev->pc || t->pc >= prev->fallthrough)
+        return -1;                      /* resumed elsewhere (a fault): nothing to learn */
+    uint64_t off = t->pc - prev->pc;
+    unsigned j = 0;
+    while (j < prev->n && (j ? prev->insn[j - 1].end : 0) != off)
+        j++;
+    if (j == prev->n)
+        return -1;
+    uncount(prev, j, prev_first);
+    return j ? prev->insn[j - 1].load_rt : -1;
+}
+
+/* Every counted block, when it starts: settle the previous one, count this one whole (class
+ * totals added now), then the markers. */
 static void on_tb_exec(unsigned int vcpu, void *udata)
 {
     (void)vcpu;
     const struct tb_info *t = udata;
-    uint64_t now = total_insns();
-    continue_stream(t, now);
-    if (branch_pending && cond_end != branch_cond_end && t->pc != branch_fallthrough) {
-        mix[KC_BRANCH_NOT_TAKEN]--;     /* it ran (the block was not cut short) and jumped */
-        mix[KC_BRANCH_TAKEN]++;
-    }
-    branch_pending = t->cond_branch;
-    branch_fallthrough = t->fallthrough;
-    branch_cond_end = cond_end;
-    prev = t;
-    prev_total = now;
+    int rt = settle_prev(t);
     if (t->marker)
         on_marker(t->marker);
+    for (unsigned i = 0; i < t->n_nonzero; i++)
+        mix[t->idx[i]] += t->count[i];
+    unsigned first = t->n ? t->insn[0].cls : 0;
+    if (rt >= 0 && t->n && first != KC_BRANCH_NOT_TAKEN) {
+        struct kiln_insn d;
+        kiln_classify(t->first, t->first_size, rt, &d);
+        if ((unsigned)d.cls != first && !d.cond_branch) {
+            mix[first]--;
+            mix[d.cls]++;
+            first = (unsigned)d.cls;
+        }
+    }
+    prev = t;
+    prev_done = tb_done;
+    prev_first = first;
 }
 
-static void count_insn(struct qemu_plugin_insn *insn, unsigned cls, unsigned event, uint32_t regs)
-{
-    qemu_plugin_register_vcpu_insn_exec_inline(insn, QEMU_PLUGIN_INLINE_ADD_U64, &mix[cls], 1);
-    if (regs)
-        qemu_plugin_register_vcpu_insn_exec_inline(insn, QEMU_PLUGIN_INLINE_ADD_U64,
-                                                   &mix[KC_N_CLASSES + event], regs);
-}
-
-/* Instrument a block: each instruction outside the skipped ranges bumps its class counter when
- * it executes, so a block cut short by an interrupt counts only what ran. */
+/* Classify a block's instructions (a conditional branch counts as not taken until the next
+ * block shows where it went); the last one bumps tb_done when it runs. */
 static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 {
     (void)id;
@@ -283,9 +300,9 @@ static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     struct tb_info *t = calloc(1, sizeof *t + n * sizeof t->insn[0]);
     if (!t)
         return;         /* blocks are translated again after a flush: a few bytes each, kept */
+    uint32_t per[N_MIX] = {0};
     bool counted = false, all = true;
     int prev_load_rt = -1;
-    t->first_cls = -1;
     for (size_t i = 0; i < n; i++) {
         struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
         uint64_t pc = qemu_plugin_insn_vaddr(insn);
@@ -298,44 +315,40 @@ static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
             for (unsigned kind = M_BEGIN; kind <= M_MARK; kind++)
                 if (addr[kind] && pc == addr[kind])
                     t->marker = kind;
+            t->first_size = size <= sizeof t->first ? (int)size : 0;
+            memcpy(t->first, qemu_plugin_insn_data(insn), (size_t)t->first_size);
         }
         t->fallthrough = pc + size;
+        unsigned cls = d.cond_branch ? KC_BRANCH_NOT_TAKEN : (unsigned)d.cls;
+        bool multi = cls == KC_LOAD_MULTI || cls == KC_POP_PC || cls == KC_STORE_MULTI ||
+                     cls == KC_FP_MULTI;
         t->insn[i].end = (uint16_t)(t->fallthrough - t->pc);
         t->insn[i].load_rt = (int8_t)d.load_rt;
+        t->insn[i].cls = (uint8_t)cls;
+        t->insn[i].regs = multi ? (uint8_t)d.regs : 0;
         if (skipped(pc)) {
             all = false;
             continue;
         }
         counted = true;
-        unsigned event = d.cls == KC_STORE_MULTI ? KE_REGS_STORE_MULTI
-                         : d.cls == KC_FP_MULTI  ? KE_REGS_FP_MULTI
-                                                 : KE_REGS_LOAD_MULTI;
-        bool multi = d.cls == KC_LOAD_MULTI || d.cls == KC_POP_PC || d.cls == KC_STORE_MULTI ||
-                     d.cls == KC_FP_MULTI;
-        uint32_t regs = multi ? (uint32_t)d.regs : 0;
-        if (d.cond_branch) {            /* not taken until the next block says otherwise */
-            count_insn(insn, KC_BRANCH_NOT_TAKEN, event, regs);
-            if (i + 1 == n) {
-                t->cond_branch = 1;
-                qemu_plugin_register_vcpu_insn_exec_inline(insn, QEMU_PLUGIN_INLINE_ADD_U64,
-                                                           &cond_end, 1);
-            }
-        } else {
-            count_insn(insn, (unsigned)d.cls, event, regs);
-            if (i == 0 && size <= sizeof t->first) {
-                t->first_cls = d.cls;
-                t->first_size = (int)size;
-                memcpy(t->first, qemu_plugin_insn_data(insn), size);
-            }
-        }
+        per[cls]++;
+        if (multi)
+            per[event_of(cls)] += (uint32_t)d.regs;
+        if (d.cond_branch && i + 1 == n)
+            t->cond_branch = 1;
     }
-    t->n = all ? (unsigned)n : 0;
-    if (!all)
-        t->first_cls = -1;
     if (!counted && !t->marker) {
         free(t);        /* skipped code (an exception handler): invisible to the windows */
         return;
     }
+    t->n = all && t->first_size ? (unsigned)n : 0;
+    for (unsigned c = 0; c < N_MIX; c++)
+        if (per[c]) {
+            t->idx[t->n_nonzero] = (uint8_t)c;
+            t->count[t->n_nonzero++] = per[c];
+        }
+    qemu_plugin_register_vcpu_insn_exec_inline(qemu_plugin_tb_get_insn(tb, n - 1),
+                                               QEMU_PLUGIN_INLINE_ADD_U64, &tb_done, 1);
     qemu_plugin_register_vcpu_tb_exec_cb(tb, on_tb_exec, QEMU_PLUGIN_CB_NO_REGS, t);
 }
 

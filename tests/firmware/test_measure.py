@@ -24,8 +24,9 @@ def test_plugin_agrees_with_systick(image_cache, shift):
         estimate = q.ticks_to_instructions(res.ticks)
     assert res.timer == "systick"                       # QEMU's DWT reads 0: fallback taken
     assert res.instruction_source == "qemu-plugin"
-    # the firmware reads the timer just outside the markers: a few dozen instructions apart
-    assert abs(estimate - res.instructions) <= 60
+    # the firmware reads the timer just outside the markers, and the plugin leaves out the timer
+    # reads at the command marks (kiln_timer_now): about a hundred instructions apart
+    assert abs(estimate - res.instructions) <= 150
     assert len(prof.instructions) == 2
     assert sum(prof.instructions) < res.instructions
     assert prof.instructions[0] > 20 * 640 * 32 / 10   # >= 2 instructions per MAC on fc1
