@@ -131,8 +131,9 @@ def markdown(rows, command):
          f"Produced by `{command}` ({SHARED_NOTE if '--shared DIR' in command else ''}QEMU 7.2, "
          "arm-none-eabi-gcc 12.2 -O2). Instructions are executed "
          "instructions for one inference, counted exactly by Kiln's QEMU TCG plugin between the model's "
-         "entry and exit (the same across runs but for the firmware's SysTick wrap interrupt under QEMU, "
-         "about 5 instructions per 10 M, counted in whichever layer it lands); stack is the painted high-water mark of the whole "
+         "entry and exit, the same in every run: the interrupt handlers and the timer reads are left out, so "
+         "interrupts landing in an inference do not change it (docs/firmware.md, Measurement); stack is the painted "
+         "high-water mark of the whole "
          "firmware during an inference. Every row's output was checked bit-exact against the int8 "
          f"reference. Compiled with `--optimize {main_opt}` ({OPT_TEXT[main_opt]}).", "", FLASH_TEXT, "",
          "Estimated cycles: from the executed instruction mix with the core's timing model (docs/firmware.md, "
