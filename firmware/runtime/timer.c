@@ -60,7 +60,11 @@ uint64_t kiln_timer_now(void)
     } while (hi != systick_wraps);
     if (pending && lo > SYST_RELOAD / 2)
         hi++;
+#if KILN_SYSTICK_RELOAD == SYST_MAX    /* the default: the same code as a shift */
+    return ((uint64_t)hi << 24) + (SYST_MAX - lo);
+#else
     return (uint64_t)hi * (SYST_RELOAD + 1u) + (SYST_RELOAD - lo);
+#endif
 }
 
 uint32_t kiln_timer_hz(void) { return KILN_CLOCK_HZ; }
