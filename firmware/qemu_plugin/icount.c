@@ -13,7 +13,7 @@
  * Output goes through qemu_plugin_outs (visible with -d plugin [-D log]) or, with out=FILE, to
  * FILE, flushed after each line so a host can read it while QEMU runs.
  *
- * What counts: every executed instruction outside the skip= ranges (up to 16; the host passes
+ * What counts: every executed instruction outside the skip= ranges (up to 64; the host passes
  * the exception handlers and kiln_timer_now: code whose instructions depend on when interrupts
  * arrive, docs/firmware.md). Blocks wholly inside them are not instrumented at all.
  *
@@ -87,7 +87,7 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 #include "thumb_classes.c"
 
 #define MAX_MARKS 4096
-#define MAX_SKIP 16
+#define MAX_SKIP 64
 enum { M_BEGIN = 1, M_END = 2, M_MARK = 3 };
 #define N_MIX (KC_N_CLASSES + KE_N_EVENTS)
 
