@@ -13,7 +13,11 @@ architecture, ``CudaRunner`` raises :class:`CudaUnavailable` saying what it foun
 """
 from __future__ import annotations
 
+import glob
+import importlib.util
 import os
+import re
+import shutil
 
 import numpy as np
 
@@ -29,6 +33,68 @@ class CudaUnavailable(KilnError):
 
 class CudaLaunchError(KilnError):
     pass
+
+
+def _cuda_version(include):
+    """CUDA version (e.g. 13000) of the headers in folder ``include``, or None."""
+    for h in ("cuda_runtime_api.h", "cuda.h"):
+        try:
+            with open(os.path.join(include, h), errors="replace") as f:
+                m = re.search(r"#define\s+(?:CUDART_VERSION|CUDA_VERSION)\s+(\d+)", f.read())
+        except OSError:
+            continue
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _candidate_includes():
+    """Header folders of the pip nvidia-* packages (CUDA 12: nvidia/cuda_runtime, nvidia/cuda_cccl;
+    CUDA 13: nvidia/cu13) and of system toolkits ($CUDA_HOME, $CUDA_PATH, the toolkit holding nvcc
+    on PATH, /usr/local/cuda), in that order."""
+    dirs = []
+    spec = importlib.util.find_spec("nvidia")
+    for root in (list(spec.submodule_search_locations or []) if spec else []):
+        dirs += [os.path.join(root, n, "include") for n in ("cuda_runtime", "cuda_cccl", "cu13", "cu12")]
+    nvcc = shutil.which("nvcc")
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
+             os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else None, "/usr/local/cuda"]
+    dirs += [os.path.join(h, "include") for h in homes if h]
+    dirs += sorted(glob.glob("/usr/local/cuda-*/include"), reverse=True)
+    return [d for d in dict.fromkeys(os.path.realpath(d) for d in dirs) if os.path.isdir(d)]
+
+
+def include_dirs(nvrtc_major=None):
+    """-I folders for NVRTC: where cuda_fp16.h/cuda_bf16.h and libcu++ (cuda/std/...; CUDA 13 keeps
+    it in include/cccl) are, from the pip nvidia-* packages or a system CUDA toolkit. With
+    ``nvrtc_major`` (the NVRTC that CuPy uses), headers of another CUDA major version are left out
+    unless no folder of that version has cuda_fp16.h."""
+    found = []
+    for d in _candidate_includes():
+        major = _major(d)
+        for sub in (d, os.path.join(d, "cccl")):
+            if os.path.exists(os.path.join(sub, "cuda_fp16.h")) or os.path.isdir(os.path.join(sub, "cuda", "std")):
+                found.append((sub, major))
+    if nvrtc_major is not None:
+        same = [(d, v) for d, v in found if v in (None, nvrtc_major)]
+        if any(os.path.exists(os.path.join(d, "cuda_fp16.h")) for d, _ in same):
+            found = same
+    return [d for d, _ in found]
+
+
+def _major(include):
+    """CUDA major version of header folder ``include``: its own, or for CUDA 12's separate pip cccl
+    package that of the nvidia/cuda_runtime beside it; None when unknown."""
+    v = _cuda_version(include) or _cuda_version(os.path.join(os.path.dirname(os.path.dirname(include)),
+                                                             "cuda_runtime", "include"))
+    return v // 1000 if v else None
+
+
+def _nvrtc_major(cupy):
+    try:
+        return int(cupy.cuda.nvrtc.getVersion()[0])
+    except Exception:   # noqa: BLE001 - an old CuPy, or NVRTC missing: CuPy's compile error says so
+        return None
 
 
 def _arch_cc(arch):
@@ -83,7 +149,8 @@ class CudaRunner:
         self.cp = cupy
         with open(os.path.join(pkg, self.m.sources[0])) as f:
             src = f.read()
-        opts = tuple(nvrtc.options() if nvrtc_options is None else nvrtc_options)
+        opts = tuple(nvrtc.options(includes=include_dirs(_nvrtc_major(cupy))) if nvrtc_options is None
+                     else nvrtc_options)
         try:
             self.module = cupy.RawModule(code=src, options=opts, backend="nvrtc")
             self.kernels = {k: self.module.get_function(k) for k in self.m.kernels}
@@ -225,6 +292,22 @@ class CudaRunner:
             b.synchronize()
             ts.append(cp.cuda.get_elapsed_time(a, b))
         return float(np.median(ts))
+
+
+def scaled_errors(names, got, want, gradients=()):
+    """{name: max |got - want| / scale} (want: a float64 reference). The scale is the value's own
+    max |want|, or for a name in ``gradients`` the largest |want| over all of them: a bias in front
+    of a train-mode BatchNorm has an exact gradient of 0, which any float32 computation returns as
+    rounding noise, 100% off relative to itself and ~1e-8 relative to the step's gradients."""
+    want = [np.asarray(w, np.float64) for w in want]
+    grads = set(gradients)
+    gscale = max((float(np.abs(w).max(initial=0)) for n, w in zip(names, want) if n in grads), default=0.0)
+    out = {}
+    for name, g, w in zip(names, got, want):
+        scale = gscale if name in grads else float(np.abs(w).max(initial=0))
+        diff = float(np.abs(np.asarray(g, np.float64) - w).max(initial=0))
+        out[name] = diff / max(scale, float(np.finfo(np.float32).tiny)) if np.isfinite(diff) else float("inf")
+    return out
 
 
 def run_package(pkg, inputs, capture=False):

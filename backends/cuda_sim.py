@@ -13,10 +13,12 @@ bfloat16 packages need a device with cl_khr_fp16, which Debian 12's pocl 3.1 on 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
 
+from kiln.frontend import executor
 from kiln.frontend.errors import KilnError
 
 from .cuda_plan import (
@@ -28,6 +30,7 @@ from .cuda_plan import (
     storage_bytes,
     to_storage,
 )
+from .cuda_runner import scaled_errors
 
 
 class SimUnavailable(KilnError):
@@ -178,3 +181,77 @@ def run(pkg, inputs, params=None):
     if params:
         s.set_params(params)
     return s(*inputs)
+
+
+# ---- checking against a float64 reference ------------------------------------------------------
+# Errors are relative to the scale of what is compared: max |got - ref| / max |ref| per output, and
+# for the gradients of a training step / the largest |ref| over all of the step's gradients (a bias
+# in front of a train-mode BatchNorm has an exact gradient of 0 and a rounding-noise value in any
+# float32 computation: relative to itself it is 100% off, relative to the step's gradients 1e-8).
+# The bounds: float32 accumulation over the K terms of a reduction (K up to batch x H x W for a
+# weight gradient) in whatever order the kernels sum, about 1e-6 measured on the zoo; 1e-4 leaves
+# two orders of margin, still far below what a wrong index or a lost tile costs (O(1)). float16
+# and bfloat16 round every stored activation (2^-11, 2^-8 relative) and accumulate in float32.
+TOLERANCE64 = {"float32": 1e-4, "float16": 3e-2, "bfloat16": 1e-1}
+
+
+def float64_graph(graph):
+    """``graph`` with its float32 values, parameters, constants and cast targets in float64. The
+    NumPy executor computes in the graph's dtypes (float64 arrays fed to a float32 graph come out
+    float32), so this copy is what makes a float64 reference."""
+    g = graph.copy()
+    g.types = {k: dataclasses.replace(t, dtype="float64") if t.dtype == "float32" and t.quant is None else t
+               for k, t in g.types.items()}
+    for d in (g.params, g.consts):
+        for k, v in d.items():
+            if v.dtype == np.float32 and g.types[k].dtype == "float64":
+                d[k] = v.astype(np.float64)
+    for n in g.nodes:
+        n.attrs = {k: "float64" if isinstance(v, str) and v == "float32" else v for k, v in n.attrs.items()}
+    return g
+
+
+def _f64(v):
+    v = np.asarray(v)
+    return v.astype(np.float64) if v.dtype == np.float32 else v
+
+
+def reference64(graph, inputs, params=None):
+    """(outputs, {buffer: new value}) of the float32 ``graph`` computed in float64 from ``inputs``
+    (and ``params``, overrides by name), all cast to float64."""
+    g = float64_graph(graph)
+    ps = {k: _f64(v) for k, v in params.items()} if params else None
+    return executor.run_updates(g, *[_f64(x) for x in inputs], params=ps)
+
+
+def gradient_outputs(graph):
+    """Names of the outputs of a training-step graph (kiln.grad) that are gradients."""
+    meta = graph.meta.get("grad")
+    return list(graph.outputs[len(graph.outputs) - len(meta["wrt"]):]) if meta else []
+
+
+def errors64(graph, got, want, got_updates=None, want_updates=None):
+    """{value: error} for every output (and buffer update, as ``update:NAME``) against the float64
+    ``want``: cuda_runner.scaled_errors, gradients scaled by the step's largest gradient."""
+    names, got, want = list(graph.outputs), list(got), list(want)
+    for b in want_updates or {}:
+        names.append(f"update:{b}")
+        got.append(got_updates[b])
+        want.append(want_updates[b])
+    return scaled_errors(names, got, want, gradient_outputs(graph))
+
+
+def check64(pkg, graph, inputs, params=None, sim=None):
+    """Run package ``pkg`` (made from the float32 ``graph``) on pocl and compare every output and
+    buffer update with the float64 reference. Returns {"max_err", "worst", "errors", "tolerance",
+    "ok", "guards_clean"}; a write into a guard zone raises :class:`GuardViolation`."""
+    sim = sim or Simulator(pkg)
+    if params:
+        sim.set_params(params)
+    got = sim(*inputs)
+    want, want_upd = reference64(graph, inputs, params)
+    errs = errors64(graph, got, want, sim.updates() if want_upd else None, want_upd)
+    worst = max(errs, key=errs.get)
+    tol = TOLERANCE64[sim.m.dtype]
+    return {"max_err": errs[worst], "worst": worst, "errors": errs, "tolerance": tol,
+            "ok": errs[worst] <= tol, "guards_clean": True}

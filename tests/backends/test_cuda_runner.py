@@ -5,7 +5,9 @@ capture and no partial graph after a failed one, a poisoned arena between guard 
 options with the CUDA headers. The real runs are the gpu-marked tests in test_cuda_codegen.py."""
 import subprocess
 import sys
+import types
 
+import numpy as np
 import pytest
 
 from kiln.backends import cuda, cuda_runner, nvrtc
@@ -101,7 +103,53 @@ def test_nvrtc_options_carry_the_cuda_headers(monkeypatch, pkg):
     path, _, _ = pkg
     _, cp = _runner(monkeypatch, path)
     assert "-diag-suppress=177" in cp.options and "--std=c++17" in cp.options
-    assert [o for o in cp.options if o.startswith("-I")] == [f"-I{d}" for d in nvrtc.toolkit()["include"]]
+    inc = [o[2:] for o in cp.options if o.startswith("-I")]
+    assert inc == cuda_runner.include_dirs() and set(nvrtc.toolkit()["include"]) <= set(inc)
+
+
+def _toolkit(root, version):
+    """A system CUDA toolkit's header layout: include/ with cuda_fp16.h, and from CUDA 13 on
+    libcu++ in include/cccl/cuda/std."""
+    inc = root / "include"
+    (inc / ("cccl" if version >= 13000 else "") / "cuda" / "std").mkdir(parents=True)
+    (inc / "cuda_fp16.h").write_text("")
+    (inc / "cuda_runtime_api.h").write_text(f"#define CUDART_VERSION {version}\n")
+    return str(inc)
+
+
+def test_headers_of_a_system_toolkit_are_found(monkeypatch, pkg, tmp_path):
+    """A GPU server with CUDA 13 in CUDA_HOME (or /usr/local/cuda) and no pip nvidia-* headers:
+    the runner passes its include/ and include/cccl (where CUDA 13 keeps cuda/std), and of the
+    header sets it finds only those of the NVRTC that CuPy uses."""
+    inc13 = _toolkit(tmp_path / "cuda13", 13000)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda13"))
+    assert {inc13, inc13 + "/cccl"} <= set(cuda_runner.include_dirs(13))
+    assert inc13 not in cuda_runner.include_dirs(12)
+    assert not any("cuda_runtime" in d or "cuda_cccl" in d for d in cuda_runner.include_dirs(13))
+    path, _, _ = pkg
+    cp = fake_cupy.make()
+    cp.cuda.nvrtc = types.SimpleNamespace(getVersion=lambda: (13, 0))
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    cuda_runner.CudaRunner(path)
+    inc = [o[2:] for o in cp.options if o.startswith("-I")]
+    assert inc == cuda_runner.include_dirs(13) and inc13 in inc
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "none"))
+    inc12 = _toolkit(tmp_path / "cuda12", 12040)
+    monkeypatch.setenv("CUDA_PATH", str(tmp_path / "cuda12"))
+    assert inc12 in cuda_runner.include_dirs(12) and inc12 + "/cccl" not in cuda_runner.include_dirs(12)
+
+
+def test_scaled_errors_scale_gradients_by_the_largest():
+    """A gradient that is exactly 0 in float64 (a bias in front of a train-mode BatchNorm) comes
+    back as rounding noise: against its own scale that is 100% off, against the step's largest
+    gradient it is noise; the forward output keeps its own scale."""
+    want = [np.array([10.0, -20.0]), np.array([0.5, -0.25]), np.array([0.0, 0.0])]
+    got = [np.array([10.001, -20.0]), np.array([0.5, -0.2505]), np.array([1e-8, -2e-8])]
+    e = cuda_runner.scaled_errors(["out", "g_w", "g_b"], got, want, gradients=["g_w", "g_b"])
+    assert e["out"] == pytest.approx(0.001 / 20) and e["g_w"] == pytest.approx(0.0005 / 0.5)
+    assert e["g_b"] == pytest.approx(2e-8 / 0.5)
+    assert cuda_runner.scaled_errors(["g_b"], [got[2]], [want[2]])["g_b"] > 1e20
+    assert cuda_runner.scaled_errors(["out"], [np.array([np.nan, 1.0])], [want[0]])["out"] == float("inf")
 
 
 def test_the_runner_imports_without_tvm_or_torch():

@@ -1,0 +1,106 @@
+"""The model zoo's CUDA packages run on the CPU by cuda-sim, checked against float64.
+
+For each zoo model: inference at batch 1 and batch 64 (eval mode) and the training step at batch
+64 (forward + loss + backward, train-mode BatchNorm with its buffer updates, dropout masks from a
+fixed key) are compiled as CUDA packages (float32, DLight schedules, no NVRTC check) and run by
+backends/cuda_sim.py on pocl with the packages' own launch plans, on a NaN-poisoned arena between
+guard zones. Every output, gradient and buffer update is compared with the same graph run by the
+NumPy executor in float64 (cuda_sim.check64: error relative to the output's scale, gradients to
+the step's largest gradient). Prints one JSON object; --markdown also writes the table.
+
+    .venv/bin/python benchmarks/cuda_sim_zoo.py [--models ds-cnn,resnet8] [--cases b1,b64,train] \\
+        [--markdown table.md]
+
+Exit status 1 when a case is over its tolerance or a guard zone was written.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+MODELS = ("digits-cnn", "fc-autoencoder", "ds-cnn", "resnet8", "mobilenet-v1-0.25")
+CASES = {"b1": (1, False), "b64": (64, False), "train": (64, True)}
+
+
+def zoo_case(name, batch, train, seed=0):
+    """(graph, inputs) of zoo model ``name``: its inference graph at ``batch`` in eval mode, or
+    its training step (kiln.training.step.StepGraph) at ``batch``, with random inputs."""
+    import kiln
+    from kiln.frontend.trace import trace
+    from kiln.frontend.types import TensorType
+    from kiln.training import zoo
+    from kiln.training.step import StepGraph
+    kiln.frontend.manual_seed(seed)
+    zm = zoo.get(name)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch,) + tuple(zm.input_shape[1:])).astype(np.float32)
+    if not train:
+        zm.module.eval()
+        return trace(zm.module, TensorType(x.shape), name=f"{name.replace('.', '_')}_b{batch}"), [x]
+    sg = StepGraph(zm.module, zm.loss, zm.input_shape[1:], batch)
+    y = rng.integers(0, zm.num_classes or 2, batch) if sg.target_input == "labels" else None
+    if sg.target_input not in (None, "labels"):
+        y = rng.standard_normal(sg.graph.types[sg.target_input].shape).astype(np.float32)
+    feeds = sg.feeds(x, y, 1)
+    return sg.graph, [feeds[k] for k in sg.graph.inputs]
+
+
+def run_case(name, case, workdir, dtype="float32"):
+    """Compile one zoo case for CUDA, run it on cuda-sim, compare with float64: one result dict."""
+    from kiln.backends import cuda, cuda_sim
+    batch, train = CASES[case]
+    graph, inputs = zoo_case(name, batch, train)
+    out = os.path.join(workdir, f"{name}-{case}-{dtype}")
+    t0 = time.perf_counter()
+    pkg = (cuda.compile_train_step if train else cuda.compile)(graph, out, dtype=dtype, check=False)
+    t1 = time.perf_counter()
+    try:
+        r = cuda_sim.check64(pkg, graph, inputs)
+    except cuda_sim.GuardViolation as e:
+        r = {"max_err": None, "worst": None, "errors": {}, "tolerance": cuda_sim.TOLERANCE64[dtype], "ok": False,
+             "guards_clean": False, "error": str(e)}
+    r.update(model=name, case=case, batch=batch, dtype=dtype, launches=sum(len(s.launches) for s in
+                                                                            cuda.load_manifest(pkg).steps),
+             compile_s=round(t1 - t0, 1), sim_s=round(time.perf_counter() - t1, 1))
+    r["errors"] = {k: float(f"{v:.3g}") for k, v in r["errors"].items()}
+    return r
+
+
+def markdown(rows):
+    lines = ["| model | case | dtype | launches | max error vs float64 | worst output | tolerance | guard zones |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        err = "-" if r["max_err"] is None else f"{r['max_err']:.1e}"
+        lines.append(f"| {r['model']} | {r['case']} | {r['dtype']} | {r['launches']} | {err} | {r['worst']} | "
+                     f"{r['tolerance']:g} | {'clean' if r['guards_clean'] else 'WRITTEN'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated zoo models (default: {','.join(MODELS)})")
+    p.add_argument("--cases", default=",".join(CASES), help="comma-separated cases: b1, b64, train (default: all)")
+    p.add_argument("--markdown", metavar="PATH", help="also write the table to this file")
+    a = p.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="kiln-cuda-sim-zoo-") as work:
+        for m in a.models.split(","):
+            for c in a.cases.split(","):
+                rows.append(run_case(m.strip(), c.strip(), work))
+                print(json.dumps({k: v for k, v in rows[-1].items() if k != "errors"}), file=sys.stderr, flush=True)
+    print(json.dumps({"ok": all(r["ok"] and r["guards_clean"] for r in rows), "results": rows}))
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(markdown(rows))
+    return 0 if all(r["ok"] and r["guards_clean"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.exit(main())

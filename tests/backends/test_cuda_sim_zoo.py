@@ -1,0 +1,61 @@
+"""The model zoo's CUDA packages on cuda-sim (their DLight-scheduled kernels on pocl with their
+own launch plans, NaN-poisoned arena between guard zones) against the same graphs run in float64.
+
+CI runs the smaller models here (inference at batch 1 and 64, training steps at batch 64);
+benchmarks/cuda_sim_zoo.py runs every zoo model and case and writes the table in
+docs/benchmarks.md."""
+import os
+
+import numpy as np
+import pytest
+
+import kiln
+from benchmarks import cuda_sim_zoo
+from kiln import nn
+from kiln.backends import cuda, cuda_sim
+from kiln.frontend import executor
+
+pytest.importorskip("pyopencl", reason="cuda-sim needs pyopencl (bash scripts/setup.sh --test installs it)")
+
+CI_CASES = [("digits-cnn", "b1"), ("digits-cnn", "b64"), ("digits-cnn", "train"),
+            ("fc-autoencoder", "b64"), ("fc-autoencoder", "train"), ("ds-cnn", "b1"), ("ds-cnn", "train")]
+
+
+@pytest.mark.parametrize("model,case", CI_CASES, ids=[f"{m}-{c}" for m, c in CI_CASES])
+def test_zoo_package_on_cuda_sim_matches_float64(tmp_path, model, case):
+    r = cuda_sim_zoo.run_case(model, case, str(tmp_path))
+    assert r["guards_clean"], r
+    assert r["max_err"] <= cuda_sim.TOLERANCE64["float32"], r
+    if case == "train":       # loss, prediction, every gradient, BatchNorm buffer updates
+        graph, _ = cuda_sim_zoo.zoo_case(model, 2, True)
+        assert set(r["errors"]) == set(graph.outputs) | {f"update:{b}" for b in graph.updates}
+        assert len(cuda_sim.gradient_outputs(graph)) == len(graph.meta["grad"]["wrt"]) > 0
+
+
+def test_float64_graph_computes_in_float64():
+    kiln.frontend.manual_seed(0)
+    x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
+    g = kiln.trace(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)), x, name="mlp")
+    g64 = cuda_sim.float64_graph(g)
+    assert {t.dtype for t in g64.types.values()} == {"float64"} and {t.dtype for t in g.types.values()} == {"float32"}
+    (got,), _ = cuda_sim.reference64(g, [x])
+    p = {k: v.astype(np.float64) for k, v in g.params.items()}
+    h = np.maximum(x.astype(np.float64) @ p["0.weight"].T + p["0.bias"], 0)
+    want = h @ p["2.weight"].T + p["2.bias"]
+    assert got.dtype == np.float64 and np.abs(got - want).max() < 1e-13
+    assert 1e-9 < np.abs(executor.run(g, x)[0] - want).max() < 1e-5       # float32: rounded
+
+
+def test_a_wrong_weight_is_caught(tmp_path):
+    """The comparison sees a 1% change of one weight of the last layer."""
+    graph, inputs = cuda_sim_zoo.zoo_case("digits-cnn", 4, False)
+    pkg = cuda.compile(graph, str(tmp_path / "p"), check=False)
+    assert cuda_sim.check64(pkg, graph, inputs)["ok"]
+    m = cuda.load_manifest(pkg)
+    w = m.weights[-1]
+    blob = np.fromfile(os.path.join(pkg, m.weights_file), np.uint8)
+    vals = blob[w.offset:w.offset + w.bytes].view(np.float32)
+    vals[np.argmax(np.abs(vals))] *= 1.01
+    blob.tofile(os.path.join(pkg, m.weights_file))
+    r = cuda_sim.check64(pkg, graph, inputs)
+    assert not r["ok"] and r["max_err"] > 5 * r["tolerance"], r
