@@ -6,9 +6,12 @@ benchmarks/torch_graph.py, convolutions on channels-last views):
     captured CUDA graph
   * throughput at batch 64 (inference), images/s
   * training step at batch 64 (forward + loss + backward; Kiln: compile_train_step package)
-Every Kiln package is first checked against the NumPy reference (1e-4). Writes a Markdown table.
+Every Kiln package is first checked against the NumPy reference run in float64 (errors relative
+to each output's scale, gradients to the step's largest; 1e-4 for float32). With --sanitize, the
+digits-cnn training step and ds-cnn inference at batch 64 then run under compute-sanitizer
+memcheck and racecheck (benchmarks/gpu_check.py). Writes a Markdown table.
 
-    python benchmarks/gpu_bench.py --models digits-cnn,resnet8 --markdown gpu.md [--arch sm_90]
+    python benchmarks/gpu_bench.py --models digits-cnn,resnet8 --markdown gpu.md [--arch sm_90] [--sanitize]
 
 Needs an NVIDIA GPU, CuPy and a CUDA build of PyTorch. Not run in CI (no GPU there): the numbers
 in docs/ come only from a run of this script on a named GPU.
@@ -18,12 +21,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_check  # noqa: E402
 
 
 def torch_time_ms(fn, iters=100, warmup=10):
@@ -58,9 +63,8 @@ def _model(name, batch, train):
 
 
 def kiln_case(name, batch, train, arch, dtype, workdir, iters):
-    from kiln.backends import cuda
-    from kiln.backends.cuda_runner import CudaRunner
-    from kiln.frontend import executor
+    from kiln.backends import cuda, cuda_sim
+    from kiln.backends.cuda_runner import CudaRunner, scaled_errors
     zm, sg, g, _ = _model(name, batch, train)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch,) + tuple(zm.input_shape[1:])).astype(np.float32)
@@ -74,12 +78,14 @@ def kiln_case(name, batch, train, arch, dtype, workdir, iters):
         pkg = cuda.compile(g, os.path.join(workdir, f"{name}-{batch}"), arch=arch, dtype=dtype)
     r = CudaRunner(pkg)
     got = r(*inputs)
-    want = executor.run(g, *inputs)
-    tol = cuda.TOLERANCE[dtype]
-    err = max(float(np.max(np.abs(a - b) / (1 + np.abs(b)))) for a, b in zip(got, want))
+    want, _ = cuda_sim.reference64(g, inputs)
+    tol = cuda_sim.TOLERANCE64[dtype]
+    errs = scaled_errors(g.outputs, got, want, cuda_sim.gradient_outputs(g))
+    err = max(errs.values())
     if err > tol:
         raise AssertionError(f"{name} batch {batch} ({'train' if train else 'infer'}): Kiln CUDA differs from "
-                             f"NumPy by {err:.2e} > {tol}")
+                             f"the float64 reference by {err:.2e} (relative to the output's scale) > {tol} "
+                             f"at {max(errs, key=errs.get)}")
     if not r.guards_clean():
         raise AssertionError(f"{name} batch {batch}: a kernel wrote into a guard zone of the arena or weights")
     r.capture()
@@ -130,6 +136,8 @@ def main(argv=None):
     p.add_argument("--markdown", metavar="PATH", help="also write the table to this file (nothing is written without it)")
     p.add_argument("--keep", action="store_true",
                    help="keep the temporary folder with the CUDA packages (removed by default)")
+    p.add_argument("--sanitize", action="store_true",
+                   help="also run a zoo training step and inference under compute-sanitizer memcheck and racecheck")
     a = p.parse_args(argv)
     import torch
 
@@ -146,6 +154,18 @@ def main(argv=None):
         else:
             shutil.rmtree(work, ignore_errors=True)
     _report(rows, a, arch, gpu, torch, cupy)
+    if a.sanitize:
+        return _sanitize()
+    return 0
+
+
+def _sanitize():
+    """gpu_check.py on the digits-cnn training step and ds-cnn at batch 64 (float32), with
+    compute-sanitizer memcheck and racecheck; prints its JSON line, returns its exit status."""
+    with tempfile.TemporaryDirectory(prefix="kiln-gpu-sanitize-") as d:
+        gpu_check.prepare(d, ["digits-cnn"], ["train"], ["float32"])
+        gpu_check.prepare(d, ["ds-cnn"], ["b64"], ["float32"])
+        return subprocess.run([sys.executable, gpu_check.__file__, d, "--iters", "0"]).returncode
 
 
 def _bench_all(a, arch, work):
@@ -183,4 +203,4 @@ def _report(rows, a, arch, gpu, torch, cupy):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -40,7 +40,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE_DIRS = {"kiln": "kiln", "kiln.common": "common", "kiln.frontend": "frontend", "kiln.autodiff": "autodiff",
                 "kiln.training": "training", "kiln.quantize": "quantize", "kiln.backends": "backends",
                 "kiln.firmware": "firmware", "kiln.boards": "boards"}
-SANITIZE_DEFAULT = "digits-cnn-train-float32,ds-cnn-b1-float32"
 
 
 class _Checkout(importlib.abc.MetaPathFinder):
@@ -69,6 +68,9 @@ def prepare(out, models, cases, dtypes):
     from kiln.backends import cuda, cuda_sim
     os.makedirs(out, exist_ok=True)
     listed = []
+    if os.path.exists(os.path.join(out, "cases.json")):      # adding to a folder: keep its other cases
+        with open(os.path.join(out, "cases.json")) as f:
+            listed = json.load(f)
     for m in models:
         for c in cases:
             batch, train = cuda_sim_zoo.CASES[c]
@@ -86,6 +88,7 @@ def prepare(out, models, cases, dtypes):
                 for f in ("groups.json", "scheduled.json", "kernels.cl"):     # not read by the runner
                     if os.path.exists(os.path.join(pkg, f)):
                         os.remove(os.path.join(pkg, f))
+                listed = [c for c in listed if c["case"] != name]
                 listed.append({"case": name, "data": f"{m}-{c}", "model": m, "batch": batch, "train": train,
                                "dtype": dt, "outputs": list(graph.outputs) + [f"update:{b}" for b in upd],
                                "gradients": cuda_sim.gradient_outputs(graph),
@@ -93,7 +96,7 @@ def prepare(out, models, cases, dtypes):
                 print(name, file=sys.stderr, flush=True)
     with open(os.path.join(out, "cases.json"), "w") as f:
         json.dump(listed, f, indent=1)
-    print(json.dumps({"prepared": out, "cases": [c["case"] for c in listed]}))
+    return listed
 
 
 # ---- on the GPU --------------------------------------------------------------------------------
@@ -141,6 +144,17 @@ def sanitize(folder, case, tool):
             **({} if p.returncode == 0 else {"log": "\n".join(tail[-40:])})}
 
 
+def _sanitize_cases(arg, cases):
+    """The cases named in ``arg`` (comma-separated), or by default the first float32 training
+    step and the first float32 batch-64 inference of the folder (the smallest model first)."""
+    if arg:
+        return [c for c in arg.split(",") if c]
+    f32 = [c for c in cases if c["dtype"] == "float32"]
+    train = [c["case"] for c in f32 if c["train"]][:1]
+    infer = [c["case"] for c in f32 if not c["train"] and c["batch"] > 1][:1]
+    return train + infer
+
+
 def run_checks(a):
     try:
         runner = _import_runner()
@@ -166,9 +180,12 @@ def run_checks(a):
     if tools and shutil.which("compute-sanitizer") is None:
         res["sanitizer"].append({"ok": False, "error": "compute-sanitizer not on PATH"})
     elif tools:
-        for case in a.sanitize_cases.split(","):
+        names = {c["case"] for c in cases}
+        for case in _sanitize_cases(a.sanitize_cases, cases):
             for tool in tools:
-                res["sanitizer"].append(sanitize(a.folder, case, tool))
+                res["sanitizer"].append(sanitize(a.folder, case, tool) if case in names else
+                                        {"case": case, "tool": tool, "ok": False,
+                                         "error": f"no case {case!r} in {a.folder}/cases.json (with --only)"})
                 print(json.dumps(res["sanitizer"][-1]), file=sys.stderr, flush=True)
     res["ok"] = bool(res["cases"]) and all(r["ok"] for r in res["cases"] + res["sanitizer"])
     print(json.dumps(res))
@@ -186,11 +203,14 @@ def main(argv=None):
     p.add_argument("--exact", action="store_true", help="--only names one case exactly")
     p.add_argument("--iters", type=int, default=20, help="timed runs per case (0: no timing)")
     p.add_argument("--sanitize", default="memcheck,racecheck", help="compute-sanitizer tools ('' for none)")
-    p.add_argument("--sanitize-cases", default=SANITIZE_DEFAULT, help="cases run under compute-sanitizer")
+    p.add_argument("--sanitize-cases", default="",
+                   help="cases run under compute-sanitizer (default: the folder's first float32 training step "
+                        "and first float32 batch-64 inference)")
     a = p.parse_args(argv)
     if a.prepare:
         sys.path.insert(0, ROOT)
-        prepare(a.prepare, a.models.split(","), a.cases.split(","), a.dtypes.split(","))
+        listed = prepare(a.prepare, a.models.split(","), a.cases.split(","), a.dtypes.split(","))
+        print(json.dumps({"prepared": a.prepare, "cases": [c["case"] for c in listed]}))
         return 0
     if not a.folder:
         p.error("give the folder made by --prepare, or --prepare DIR")

@@ -2,7 +2,11 @@
 no GPU is lent here, so what is checked is what the runner asks of CuPy: one stream for every
 copy and launch, the requested device selected before it is checked, a warm-up run before graph
 capture and no partial graph after a failed one, a poisoned arena between guard zones, NVRTC
-options with the CUDA headers. The real runs are the gpu-marked tests in test_cuda_codegen.py."""
+options with the CUDA headers; benchmarks/gpu_check.py's preparation. The real runs are the
+gpu-marked tests here and in test_cuda_codegen.py."""
+import json
+import os
+import shutil
 import subprocess
 import sys
 import types
@@ -10,7 +14,8 @@ import types
 import numpy as np
 import pytest
 
-from kiln.backends import cuda, cuda_runner, nvrtc
+from benchmarks import cuda_sim_zoo, gpu_check
+from kiln.backends import cuda, cuda_runner, cuda_sim, nvrtc
 from tests.backends import fake_cupy
 from tests.backends.server_models import make
 
@@ -159,3 +164,66 @@ def test_the_runner_imports_without_tvm_or_torch():
             "print(sorted(m for m in ('tvm', 'torch', 'tvm_ffi') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# ---- benchmarks/gpu_check.py: packages and float64 expectations made here, checked on a GPU ----
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("gpu_check"))
+    gpu_check.prepare(d, ["digits-cnn"], ["b1"], ["float32"])
+    return d
+
+
+def test_gpu_check_prepares_packages_and_float64_expectations(prepared):
+    with open(os.path.join(prepared, "cases.json")) as f:
+        (case,) = json.load(f)
+    assert case["case"] == "digits-cnn-b1-float32" and case["tolerance"] == cuda_sim.TOLERANCE64["float32"]
+    pkg, inputs, want = gpu_check._load(prepared, case)
+    assert sorted(os.listdir(pkg)) == ["kernels.cu", "manifest.json", "plan.txt", "weights.bin"]
+    graph, xs = cuda_sim_zoo.zoo_case("digits-cnn", 1, False)
+    ref, _ = cuda_sim.reference64(graph, xs)
+    assert all(np.array_equal(a, b) for a, b in zip(inputs, xs)) and want[0].dtype == np.float64
+    assert np.array_equal(want[0], ref[0]) and case["outputs"] == graph.outputs
+    gpu_check.prepare(prepared, ["digits-cnn"], ["b1"], ["float16"])      # adds to the folder
+    with open(os.path.join(prepared, "cases.json")) as f:
+        assert [c["case"] for c in json.load(f)] == ["digits-cnn-b1-float32", "digits-cnn-b1-float16"]
+
+
+def test_gpu_check_without_a_gpu_prints_one_json_object(prepared):
+    p = subprocess.run([sys.executable, gpu_check.__file__, prepared, "--iters", "0", "--sanitize", ""],
+                       capture_output=True, text=True)
+    rep = json.loads(p.stdout)
+    if p.returncode == 2:                       # no CuPy or no device: says which
+        assert not rep["ok"] and "CudaUnavailable" in rep["error"]
+    else:                                       # a GPU: every case within its tolerance
+        assert p.returncode == 0 and rep["ok"] and all(c["ok"] for c in rep["cases"]), rep
+
+
+def test_gpu_check_imports_kiln_from_the_checkout_without_tvm():
+    """On a GPU server Kiln need not be installed: the checkout's folders are mapped to kiln.*
+    (pyproject's package-dir), and the runner loads neither TVM nor torch."""
+    code = ("import sys; sys.path.insert(0, 'benchmarks'); import gpu_check; "
+            "sys.meta_path.insert(0, gpu_check._Checkout()); from kiln.backends import cuda_runner; "
+            "print(cuda_runner.__file__); print(sorted(m for m in ('tvm', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=gpu_check.ROOT).stdout.split()
+    assert out == [os.path.join(gpu_check.ROOT, "backends", "cuda_runner.py"), "[]"]
+
+
+@pytest.mark.gpu
+def test_zoo_packages_under_compute_sanitizer(tmp_path):
+    """The digits-cnn training step and ds-cnn inference at batch 64 on the GPU: within the
+    float64 tolerance, guard zones clean, and clean under compute-sanitizer memcheck (no
+    out-of-bounds or misaligned access) and racecheck (no shared-memory hazard)."""
+    if shutil.which("compute-sanitizer") is None:
+        pytest.skip("compute-sanitizer not on PATH (CUDA toolkit)")
+    d = str(tmp_path)
+    gpu_check.prepare(d, ["digits-cnn"], ["train"], ["float32"])
+    gpu_check.prepare(d, ["ds-cnn"], ["b64"], ["float32"])
+    p = subprocess.run([sys.executable, gpu_check.__file__, d, "--iters", "0", "--sanitize", "memcheck,racecheck"],
+                       capture_output=True, text=True)
+    rep = json.loads(p.stdout)
+    assert p.returncode == 0 and rep["ok"], rep
+    assert [(s["case"], s["tool"]) for s in rep["sanitizer"]] == [
+        ("digits-cnn-train-float32", "memcheck"), ("digits-cnn-train-float32", "racecheck"),
+        ("ds-cnn-b64-float32", "memcheck"), ("ds-cnn-b64-float32", "racecheck")]
