@@ -184,15 +184,21 @@ def run(pkg, inputs, params=None):
 
 
 # ---- checking against a float64 reference ------------------------------------------------------
-# Errors are relative to the scale of what is compared: max |got - ref| / max |ref| per output, and
-# for the gradients of a training step / the largest |ref| over all of the step's gradients (a bias
-# in front of a train-mode BatchNorm has an exact gradient of 0 and a rounding-noise value in any
-# float32 computation: relative to itself it is 100% off, relative to the step's gradients 1e-8).
-# The bounds: float32 accumulation over the K terms of a reduction (K up to batch x H x W for a
-# weight gradient) in whatever order the kernels sum, about 1e-6 measured on the zoo; 1e-4 leaves
-# two orders of margin, still far below what a wrong index or a lost tile costs (O(1)). float16
-# and bfloat16 round every stored activation (2^-11, 2^-8 relative) and accumulate in float32.
+# Errors are relative to the scale of what is compared (cuda_runner.scaled_errors): max |got - ref|
+# / max |ref| per output, and for a training step's gradients / the largest |ref| over all of them
+# (a bias in front of a train-mode BatchNorm has an exact gradient of 0, returned as rounding noise
+# by any float32 computation). Bound per output: TOLERANCE64 of the package's storage dtype, or
+# PEER_FACTOR x the error of the NumPy executor's own float32 run of the graph where that is
+# larger. float32 sums of K terms (K up to batch x H x W for a weight gradient) in any order stay
+# around 1e-6 of the scale on the zoo; 1e-4 leaves two orders of margin, far below what a wrong
+# index or a lost tile costs (O(1)). Where a gradient is the small difference of large terms
+# (depthwise weight gradients of mobilenet-v1-0.25's batch-64 training step, through train-mode
+# BatchNorms) float32 itself is off by percents: NumPy's float32 step is 6% off float64 there, so the
+# package is held to what float32 can do on that output, not to 1e-4. float16 and bfloat16 round
+# every stored value (2^-11 and 2^-8 relative; float16 gradients under 6e-5 go subnormal) and
+# accumulate in float32.
 TOLERANCE64 = {"float32": 1e-4, "float16": 3e-2, "bfloat16": 1e-1}
+PEER_FACTOR = 4.0
 
 
 def float64_graph(graph):
@@ -241,17 +247,28 @@ def errors64(graph, got, want, got_updates=None, want_updates=None):
     return scaled_errors(names, got, want, gradient_outputs(graph))
 
 
+def bounds64(graph, inputs, want, want_updates, dtype, params=None):
+    """{output: allowed error} (see TOLERANCE64): the dtype's tolerance, or PEER_FACTOR x the
+    error of the NumPy executor's float32 run against the float64 ``want`` where larger. Also
+    returns that float32 run's errors."""
+    got32, upd32 = executor.run_updates(graph, *inputs, params=params)
+    peer = errors64(graph, got32, want, upd32 if want_updates else None, want_updates)
+    return {k: max(TOLERANCE64[dtype], PEER_FACTOR * v) for k, v in peer.items()}, peer
+
+
 def check64(pkg, graph, inputs, params=None, sim=None):
     """Run package ``pkg`` (made from the float32 ``graph``) on pocl and compare every output and
-    buffer update with the float64 reference. Returns {"max_err", "worst", "errors", "tolerance",
-    "ok", "guards_clean"}; a write into a guard zone raises :class:`GuardViolation`."""
+    buffer update with the float64 reference, each within its bound (bounds64). Returns
+    {"max_err", "worst", "errors", "float32_errors", "tolerance", "ok", "guards_clean"}, "worst"
+    the output nearest its bound; a write into a guard zone raises :class:`GuardViolation`."""
     sim = sim or Simulator(pkg)
     if params:
         sim.set_params(params)
     got = sim(*inputs)
     want, want_upd = reference64(graph, inputs, params)
     errs = errors64(graph, got, want, sim.updates() if want_upd else None, want_upd)
-    worst = max(errs, key=errs.get)
-    tol = TOLERANCE64[sim.m.dtype]
-    return {"max_err": errs[worst], "worst": worst, "errors": errs, "tolerance": tol,
-            "ok": errs[worst] <= tol, "guards_clean": True}
+    bound, peer = bounds64(graph, inputs, want, want_upd, sim.m.dtype, params)
+    worst = max(errs, key=lambda k: errs[k] / bound[k])
+    return {"max_err": max(errs.values()), "worst": worst, "errors": errs, "float32_errors": peer,
+            "tolerance": TOLERANCE64[sim.m.dtype], "bound": bound[worst],
+            "ok": all(errs[k] <= bound[k] for k in errs), "guards_clean": True}
