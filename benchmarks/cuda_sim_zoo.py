@@ -99,7 +99,8 @@ def main(argv=None):
         for m in a.models.split(","):
             for c in a.cases.split(","):
                 rows.append(run_case(m.strip(), c.strip(), work))
-                print(json.dumps({k: v for k, v in rows[-1].items() if k != "errors"}), file=sys.stderr, flush=True)
+                print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("errors", "float32_errors")}),
+                      file=sys.stderr, flush=True)
     print(json.dumps({"ok": all(r["ok"] and r["guards_clean"] for r in rows), "results": rows}))
     if a.markdown:
         with open(a.markdown, "w") as f:
