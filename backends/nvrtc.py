@@ -63,8 +63,9 @@ def toolkit():
         d = _pkg_dir(name)
         if d and os.path.isdir(os.path.join(d, "include")):
             found["include"].append(os.path.join(d, "include"))
-    if cuda_path and os.path.isdir(os.path.join(cuda_path, "include")):
-        found["include"].append(os.path.join(cuda_path, "include"))
+    for sub in ("include", os.path.join("include", "cccl")):      # CUDA 13 keeps libcu++ in include/cccl
+        if cuda_path and os.path.isdir(os.path.join(cuda_path, sub)):
+            found["include"].append(os.path.join(cuda_path, sub))
     if not any(os.path.exists(os.path.join(i, "cuda_fp16.h")) for i in found["include"]):
         raise NvrtcUnavailable(f"cuda_fp16.h not found: pip install nvidia-cuda-runtime-cu12 (with {PIP})")
     if not any(os.path.isdir(os.path.join(i, "cuda", "std")) for i in found["include"]):
