@@ -17,10 +17,11 @@ from tvm import te, tirx
 from .qmath import activation_range, c, linear_requant
 
 DW_MAX_TAPS = 64      # KILN_MVE_DW_MAX_TAPS in kiln_mve.h
+GEMM_GROUP = 16       # KILN_MVE_GROUP: the largest group of output pixels of kiln_mve_conv_s8
 
 
 def pack_gemm(w2):
-    """(O, K) int8 weights -> the layout ``kiln_mve_gemm1`` reads: O padded to a multiple of 4 and
+    """(O, K) int8 weights -> the layout ``kiln_mve_gemm`` reads: O padded to a multiple of 4 and
     K to a multiple of 16 with zeros; per block of 4 output channels, per 16-wide chunk of the
     reduction, the 4 channels' 16 bytes. Shape (Op // 4, Kp // 16 * 64)."""
     w2 = np.asarray(w2, np.int8)
@@ -108,11 +109,18 @@ def lower_conv_mve(k, node, x, G, out_shape=None):
     direct = G["KH"] == 1 and G["KW"] == 1 and G["pt"] == 0 and G["pl"] == 0
     v = node.inputs[0]
     if v in k.inplace_hints:
-        k.inplace(v, max(k.inplace_hints[v], group_inplace_shift(G, direct)))
+        k.inplace(v, max(k.inplace_hints[v], group_inplace_shift(G, direct, gemm_group(G))))
     wp = k.const("w_mve", pack_gemm(w2))
     q = k.const("rq_mve", requant_table(folded, mult, shift))
     k.schedule(lambda sch, out_block: None)
-    return _conv_extern(x, wp, q, G, zx, zy, lo, hi, out_shape)
+    return _conv_extern(x, wp, q, G, (zx, zy, lo, hi, int(np.max(shift) > 0)), out_shape)
+
+
+def gemm_group(G):
+    """Output pixels computed per pass: GEMM_GROUP (``kiln_mve_conv_grp_s8``) when the reduction is
+    at most 16 (a block's weights then stay in registers for the group), else 1
+    (``kiln_mve_conv_s8``)."""
+    return GEMM_GROUP if G["KH"] * G["KW"] * G["C"] <= 16 else 1
 
 
 def group_inplace_shift(G, direct, group=1):
@@ -138,19 +146,23 @@ def group_inplace_shift(G, direct, group=1):
     return int(max(0, (np.asarray(ends, np.int64) - later).max()))
 
 
-def _conv_extern(x, wp, q, G, zx, zy, lo, hi, out_shape):
+def _conv_extern(x, wp, q, G, consts, out_shape):
     N, H, W, C = G["N"], G["H"], G["W"], G["C"]
     oh, ow, KH, KW, O = G["oh"], G["ow"], G["KH"], G["KW"], G["O"]
     K = KH * KW * C
+    zx, zy, lo, hi, lsh = consts
+    group = gemm_group(G)
+    direct = KH == 1 and KW == 1 and G["pt"] == 0 and G["pl"] == 0
+    fn, extra = ("kiln_mve_conv_grp_s8", [c(lsh)]) if group > 1 else ("kiln_mve_conv_s8", [])
 
     def fcompute(ins, outs):
         xb, wb, qb = ins
-        patch = tirx.decl_buffer((K,), "int8", name="patch")
+        patch = tirx.decl_buffer((1 if direct else group * K,), "int8", name="patch")
         n = tirx.Var("n", "int32")
-        call = tirx.call_extern("void", "kiln_mve_conv_s8", xb.access_ptr("r", offset=n * c(H * W * C)),
+        call = tirx.call_extern("void", fn, xb.access_ptr("r", offset=n * c(H * W * C)),
                                 c(H), c(W), c(C), c(KH), c(KW), c(G["sh"]), c(G["sw"]), c(G["pt"]), c(G["pl"]),
                                 c(oh), c(ow), c(zx), patch.access_ptr("w"), wb.access_ptr("r"), c(O),
-                                qb.access_ptr("r"), c(zy), c(lo), c(hi),
+                                qb.access_ptr("r"), c(zy), c(lo), c(hi), *extra,
                                 outs[0].access_ptr("w", offset=n * c(oh * ow * O)))
         body = tirx.For(n, c(0), c(N), tirx.ForKind.SERIAL, tirx.Evaluate(call))
         return tirx.SeqStmt([tirx.AllocBuffer(patch), body])

@@ -85,10 +85,79 @@ static inline int32x4_t kiln_mve_rq4(int32x4_t acc, const int32_t *qb, int32_t z
 /* ---- conv2d (groups 1) as an int8 GEMM ---------------------------------------------------------
  * w: the (O, K) weights, O padded to Op (a multiple of 4) and K to Kp (a multiple of 16) with
  * zeros, stored per block of 4 output channels, per 16-wide chunk of the reduction, the 4
- * channels' 16 bytes (ops_mve.pack_gemm): one pointer walks a block. a: the reduction (patch) of
- * one output pixel, K bytes; y: its O output bytes. Per block of 4 channels, per chunk: one
- * input load, four weight loads, four VMLADAVA (64 MACs; VMLADAVA accumulates in even registers,
- * four of them stay in registers); then one vector of the 4 channels, requantised and stored. */
+ * channels' 16 bytes (ops_mve.pack_gemm): one pointer walks a block. Per block of 4 channels and
+ * pixel, per chunk: one input load, four weight loads, four VMLADAVA (64 MACs); then the four
+ * sums as one vector (two VMOVs), requantised (VSHL left out when no channel has a left shift:
+ * lsh 0) and stored. Reductions of at most 16 (kiln_mve_gemm_grp) take a group of P pixels per
+ * block: the block's four weight vectors and its table are loaded once for the group. Longer
+ * ones (kiln_mve_gemm1) take one pixel at a time, all blocks (at most 32: its two input vectors
+ * loaded once for all blocks). */
+#if KILN_HAVE_MVE
+/* {a, b, c, d} from four general-purpose registers: VMOV Qd[2], Qd[0], Rt, Rt2 writes Rt to lane 0
+ * and Rt2 to lane 2 */
+static inline int32x4_t kiln_mve_vec4(int32_t a, int32_t b, int32_t c, int32_t d)
+{
+    int32x4_t v;
+    __asm__("vmov %q0[2], %q0[0], %1, %3\n\tvmov %q0[3], %q0[1], %2, %4" : "=&w"(v) : "r"(a), "r"(b), "r"(c), "r"(d));
+    return v;
+}
+
+/* requantise acc (bias added) with the block's multipliers, shifts and [lo, hi] in vectors */
+static inline int32x4_t kiln_mve_rqv(int32x4_t acc, int32x4_t mult, int32x4_t lshv, int32x4_t rneg, const int lsh,
+                                     int32_t zy, int32x4_t lo, int32x4_t hi)
+{
+    int32x4_t v = vqrdmulhq_s32(lsh ? vshlq_s32(acc, lshv) : acc, mult);
+    v = vqaddq_s32(v, vshrq_n_s32(vandq_s32(v, rneg), 31));
+    v = vaddq_n_s32(vrshlq_s32(v, rneg), zy);
+    return vminq_s32(vmaxq_s32(v, lo), hi);
+}
+
+/* four sums (bias not added) of the block whose table is qb -> int8 at y (n <= 4 of them) */
+static inline __attribute__((always_inline)) void kiln_mve_out4(int32_t s0, int32_t s1, int32_t s2, int32_t s3,
+                                                                const int32_t *qb, const int lsh, int32_t zy,
+                                                                int32x4_t lo, int32x4_t hi, int8_t *y, int32_t n)
+{
+    const int32x4_t v = kiln_mve_rqv(vaddq_s32(kiln_mve_vec4(s0, s1, s2, s3), vld1q_s32(qb)), vld1q_s32(qb + 4),
+                                     vld1q_s32(qb + 8), vld1q_s32(qb + 12), lsh, zy, lo, hi);
+    if (n >= 4) {
+        vstrbq_s32(y, v);
+    } else {
+        vstrbq_p_s32(y, v, vctp32q((uint32_t)n));
+    }
+}
+
+/* K <= 16: P pixels (a[p]: their K input bytes; y: their P x O outputs), block by block */
+static inline __attribute__((always_inline)) void kiln_mve_gemm_grp(const int8_t *const *a, int32_t P,
+                                                                    const int8_t *w, int32_t K, int32_t O,
+                                                                    const int32_t *q, int32_t zy, int32_t lo,
+                                                                    int32_t hi, int8_t *y, const int lsh)
+{
+    const mve_pred16_t pk = vctp8q((uint32_t)K);
+    const int32x4_t vlo = vdupq_n_s32(lo), vhi = vdupq_n_s32(hi);
+    for (int32_t o = 0; o < O; o += 4, q += 16, w += 64) {
+        const int8x16_t w0 = vld1q_s8(w), w1 = vld1q_s8(w + 16), w2 = vld1q_s8(w + 32), w3 = vld1q_s8(w + 48);
+        const int32x4_t bias = vld1q_s32(q), mult = vld1q_s32(q + 4), lshv = vld1q_s32(q + 8), rneg = vld1q_s32(q + 12);
+        int8_t *yp = y + o;
+        if (O - o >= 4) {
+            for (int32_t p = 0; p < P; p++, yp += O) {
+                const int8x16_t x = vldrbq_z_s8(a[p], pk);
+                const int32x4_t v = kiln_mve_vec4(vmladavq_s8(x, w0), vmladavq_s8(x, w1), vmladavq_s8(x, w2),
+                                                  vmladavq_s8(x, w3));
+                vstrbq_s32(yp, kiln_mve_rqv(vaddq_s32(v, bias), mult, lshv, rneg, lsh, zy, vlo, vhi));
+            }
+        } else {
+            for (int32_t p = 0; p < P; p++, yp += O) {
+                kiln_mve_out4(vmladavq_s8(vldrbq_z_s8(a[p], pk), w0), vmladavq_s8(vldrbq_z_s8(a[p], pk), w1),
+                              vmladavq_s8(vldrbq_z_s8(a[p], pk), w2), vmladavq_s8(vldrbq_z_s8(a[p], pk), w3), q, lsh,
+                              zy, vlo, vhi, yp, O - o);
+            }
+        }
+    }
+}
+
+#endif
+
+/* K > 16 (and every K without MVE): one pixel (a: its K input bytes), all blocks */
 #if KILN_HAVE_MVE
 static inline void kiln_mve_store4(int8_t *y, int32x4_t v, int32_t left)
 {
@@ -258,6 +327,22 @@ static inline const int8_t *kiln_mve_patch(const int8_t *x, int32_t H, int32_t W
     return patch;
 }
 
+#define KILN_MVE_GROUP 16      /* the largest group of kiln_mve_conv_s8 (ops_mve.GEMM_GROUP) */
+
+#if KILN_HAVE_MVE
+/* kiln_mve_gemm_grp for one group, VSHL left in (lsh) or out */
+static __attribute__((noinline)) void kiln_mve_gemm_grp_call(const int8_t *const *a, int32_t P, const int8_t *w,
+                                                             int32_t K, int32_t O, const int32_t *q, int32_t zy,
+                                                             int32_t lo, int32_t hi, int8_t *y, int32_t lsh)
+{
+    if (lsh) {
+        kiln_mve_gemm_grp(a, P, w, K, O, q, zy, lo, hi, y, 1);
+    } else {
+        kiln_mve_gemm_grp(a, P, w, K, O, q, zy, lo, hi, y, 0);
+    }
+}
+#endif
+
 /* One image of an int8 conv2d (groups 1, dilation 1): per output pixel, its patch (none for a 1x1
  * conv without padding: the input pixel is the reduction) and kiln_mve_gemm1. patch: K bytes of
  * scratch. */
@@ -273,6 +358,39 @@ static __attribute__((noinline, unused)) void kiln_mve_conv_s8(
             const int8_t *a = kiln_mve_patch(x, H, W, C, KH, KW, sh, sw, pt, pl, i, j, zx, patch, direct);
             kiln_mve_gemm1(a, w, K, O, q, zy, lo, hi, y);
         }
+    }
+}
+
+/* One image of an int8 conv2d (groups 1, dilation 1) with K = KH x KW x C <= 16, in raster order:
+ * per group of KILN_MVE_GROUP pixels their patches (none for a 1x1 conv without padding: the input
+ * pixel is the reduction), then kiln_mve_gemm_grp. patch: KILN_MVE_GROUP x K bytes of scratch
+ * (unused when direct). lsh: some channel has a left shift. */
+static __attribute__((noinline, unused)) void kiln_mve_conv_grp_s8(
+    const int8_t *x, int32_t H, int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t sh, int32_t sw, int32_t pt,
+    int32_t pl, int32_t oh, int32_t ow, int32_t zx, int8_t *patch, const int8_t *w, int32_t O, const int32_t *q,
+    int32_t zy, int32_t lo, int32_t hi, int32_t lsh, int8_t *y)
+{
+    const int32_t K = KH * KW * C, npix = oh * ow;
+    const int32_t direct = KH == 1 && KW == 1 && pt == 0 && pl == 0 && (oh - 1) * sh < H && (ow - 1) * sw < W;
+    const int8_t *a[KILN_MVE_GROUP];
+    int32_t i = 0, j = 0;
+    for (int32_t n = 0; n < npix; n += KILN_MVE_GROUP, y += KILN_MVE_GROUP * O) {
+        const int32_t P = npix - n < KILN_MVE_GROUP ? npix - n : KILN_MVE_GROUP;
+        for (int32_t p = 0; p < P; p++) {
+            a[p] = kiln_mve_patch(x, H, W, C, KH, KW, sh, sw, pt, pl, i, j, zx, patch + p * K, direct);
+            if (++j == ow) {
+                j = 0;
+                i++;
+            }
+        }
+#if KILN_HAVE_MVE
+        kiln_mve_gemm_grp_call(a, P, w, K, O, q, zy, lo, hi, y, lsh);
+#else
+        (void)lsh;
+        for (int32_t p = 0; p < P; p++) {
+            kiln_mve_gemm1(a[p], w, K, O, q, zy, lo, hi, y + p * O);
+        }
+#endif
     }
 }
 
