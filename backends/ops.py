@@ -5,6 +5,7 @@ from . import (  # noqa: F401
     ops_dense,
     ops_detection,
     ops_elementwise,
+    ops_helium,
     ops_int16,
     ops_linalg,
     ops_misc,

@@ -14,6 +14,10 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
+from kiln.frontend.ops.elementwise import ADD_LEFT_SHIFT
+from kiln.frontend.ops.elementwise import add_params as add_qparams
+from kiln.frontend.ops.elementwise import mul_params as mul_qparams
+
 from .qmath import activation_range, c, linear_requant
 
 DW_MAX_TAPS = 64      # KILN_MVE_DW_MAX_TAPS in kiln_mve.h
@@ -245,3 +249,54 @@ def lower_conv2d(k, node, x, G, depthwise):
     if G["g"] == 1:
         return lower_conv_mve(k, node, x, G)
     return None
+
+
+# ---- int8 ADD and MUL (ops_helium.py claims them on Helium targets) ---------------------------------
+def _extern_n(ins, fcompute, shape, name):
+    bufs = [tirx.decl_buffer(t.shape, t.dtype, name=t.op.name, elem_offset=0) for t in ins]
+    yb = tirx.decl_buffer(shape, "int8", name=name, elem_offset=0)
+    return te.extern(shape, ins, fcompute, name=name, dtype="int8", in_buffers=bufs, out_buffers=[yb])
+
+
+def _shift_words(shift):
+    """(left shift, minus the right shift) of a TFLite multiplier's shift."""
+    return max(int(shift), 0), min(int(shift), 0)
+
+
+def add_params(t1, t2, ty, lo=-128, hi=127):
+    """``kiln_mve_add_s8``'s 14 int32 constants for TFLite's int8 ADD of these operand types."""
+    (m1, sh1), (m2, sh2), (mo, sho) = add_qparams(t1.quant.scale[0], t2.quant.scale[0], ty.quant.scale[0])
+    (l1, r1), (l2, r2), (lo_, ro) = _shift_words(sh1), _shift_words(sh2), _shift_words(sho)
+    z1, z2, zy = (int(t.quant.zero_point[0]) for t in (t1, t2, ty))
+    return np.array([z1, ADD_LEFT_SHIFT + l1, m1, r1, z2, ADD_LEFT_SHIFT + l2, m2, r2, lo_, mo, ro, zy, lo, hi],
+                    np.int64).astype(np.int32)
+
+
+def mul_params(t1, t2, ty, lo=-128, hi=127):
+    """``kiln_mve_mul_s8``'s 8 int32 constants for TFLite's int8 MUL of these operand types."""
+    m, sh = mul_qparams(float(np.float32(t1.quant.scale[0])), float(np.float32(t2.quant.scale[0])),
+                        float(np.float32(ty.quant.scale[0])))
+    left, rneg = _shift_words(sh)
+    z1, z2, zy = (int(t.quant.zero_point[0]) for t in (t1, t2, ty))
+    return np.array([z1, z2, left, m, rneg, zy, lo, hi], np.int64).astype(np.int32)
+
+
+def lower_binary_mve(k, node, xs, name):
+    """int8 ``add`` / ``mul`` of two same-shape kernel arguments as one ``kiln_mve_add_s8`` /
+    ``kiln_mve_mul_s8`` call over all elements; None otherwise (broadcasting, fused inputs)."""
+    t1, t2, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
+    if any(t.dtype != "int8" or t.quant is None or t.quant.per_channel for t in (t1, t2, ty)):
+        return None
+    if t1.shape != ty.shape or t2.shape != ty.shape or not all(isinstance(x.op, te.PlaceholderOp) for x in xs):
+        return None
+    params = (add_params if name == "add" else mul_params)(t1, t2, ty)
+    n = int(np.prod(ty.shape, dtype=np.int64))
+    k.inplace_hints_of_op()
+    tab = k.const(f"{name}_mve", params)
+    k.schedule(lambda sch, out_block: None)
+
+    def fcompute(ins, outs):
+        return tirx.Evaluate(tirx.call_extern("void", f"kiln_mve_{name}_s8", ins[0].access_ptr("r"),
+                                              ins[1].access_ptr("r"), c(n), ins[2].access_ptr("r"),
+                                              outs[0].access_ptr("w")))
+    return _extern_n([xs[0], xs[1], tab], fcompute, tuple(ty.shape) or (1,), name)

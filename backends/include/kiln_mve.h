@@ -25,6 +25,8 @@
 
 #include <stdint.h>
 
+#include "kiln_intrinsics.h"   /* kiln_fc_rq: the exact FULLY_CONNECTED requantisation */
+
 #if defined(__ARM_FEATURE_MVE) && (__ARM_FEATURE_MVE & 1) && !defined(KILN_NO_MVE)
 #include <arm_mve.h>
 #define KILN_HAVE_MVE 1
@@ -570,6 +572,168 @@ static __attribute__((noinline, unused)) void kiln_mve_avgpool_s8(
             }
         }
     }
+}
+
+/* ---- batch-1 int8 FULLY_CONNECTED ----------------------------------------------------------------
+ * y[r, n] = requant(bias[n] + sum_k x[r, k] * W[n, k]) for r < rows. w: W in the layout of
+ * kiln_mve_conv_s8 (ops_mve.pack_gemm: blocks of 4 output rows, 16-wide chunks), bias: int32 [Np]
+ * (Np = N rounded up to 4) with the input zero point folded in (bias - zx * sum(W[n]), modulo
+ * 2^32), so the kernel multiplies the raw int8 input: per block of 4 output rows and chunk one
+ * input load, four weight loads and four VMLADAVA (64 MACs), the K % 16 tail as one predicated
+ * load. Requantisation is LiteRT's reference FULLY_CONNECTED, round(double(acc) * eff) + zy,
+ * clamped to [lo, hi] (docs/int8_ir.md), with the fast path of kiln_dense.h in vector form:
+ * m = floor(eff * 2^32) per row (int32 [Np], or one when mstep is 0), p = acc * m as VMULH (high
+ * word) and VMUL (low word); where the low word of p + 2^31 is at least G away from a multiple of
+ * 2^32 (c1 = 2^31 + G, c2 = 2^32 - 2G: VSUB and an unsigned VCMP, all four lanes at once), the high
+ * word plus the carry of the rounding half is the answer; a lane that is not (probability about
+ * 2G / 2^32; c2 = 0: every lane) takes kiln_fc_rq (rq: {mh, ml, s} per row, or one). */
+static inline int32_t kiln_mve_fc_rq1(int32_t acc, int32_t m, const int32_t *rq, uint32_t c1, uint32_t c2)
+{
+    const int64_t p = (int64_t)acc * m;
+    const uint32_t plo = (uint32_t)p;
+    if ((uint32_t)(plo - c1) < c2) {
+        return (int32_t)(p >> 32) + (int32_t)(plo >> 31);
+    }
+    const int32_t q = kiln_fc_rq(acc, (uint32_t)rq[0], (uint32_t)rq[1], rq[2]);
+    return q > 65536 ? 65536 : (q < -65536 ? -65536 : q);       /* every output beyond clamps alike */
+}
+
+static __attribute__((noinline, unused)) void kiln_mve_fc_s8(const int8_t *x, int32_t rows, int32_t K, int32_t N,
+                                                             const int8_t *w, const int32_t *bias, const int32_t *m,
+                                                             const int32_t *rq, int32_t mstep, uint32_t c1,
+                                                             uint32_t c2, int32_t zy, int32_t lo, int32_t hi,
+                                                             int8_t *y)
+{
+    const int32_t kc = (K + 15) >> 4;
+    for (int32_t r = 0; r < rows; r++, x += K, y += N) {
+        const int8_t *wb = w;
+        for (int32_t n = 0; n < N; n += 4) {
+            const int32_t nv = N - n < 4 ? N - n : 4;
+            int32_t acc[4];
+#if KILN_HAVE_MVE
+            int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+            const int8_t *p = x;
+            for (int32_t k = 1; k < kc; k++, p += 16, wb += 64) {
+                const int8x16_t xv = vld1q_s8(p);
+                s0 = vmladavaq_s8(s0, xv, vld1q_s8(wb));
+                s1 = vmladavaq_s8(s1, xv, vld1q_s8(wb + 16));
+                s2 = vmladavaq_s8(s2, xv, vld1q_s8(wb + 32));
+                s3 = vmladavaq_s8(s3, xv, vld1q_s8(wb + 48));
+            }
+            const int8x16_t xv = vldrbq_z_s8(p, vctp8q((uint32_t)(K - ((kc - 1) << 4))));
+            s0 = vmladavaq_s8(s0, xv, vld1q_s8(wb));
+            s1 = vmladavaq_s8(s1, xv, vld1q_s8(wb + 16));
+            s2 = vmladavaq_s8(s2, xv, vld1q_s8(wb + 32));
+            s3 = vmladavaq_s8(s3, xv, vld1q_s8(wb + 48));
+            wb += 64;
+            const int32x4_t a = vaddq_s32(kiln_mve_vec4(s0, s1, s2, s3), vld1q_s32(bias + n));
+            const int32x4_t mv = mstep ? vld1q_s32(m + n) : vdupq_n_s32(m[0]);
+            const uint32x4_t plo = vreinterpretq_u32_s32(vmulq_s32(a, mv));
+            int32x4_t v = vaddq_s32(vmulhq_s32(a, mv), vreinterpretq_s32_u32(vshrq_n_u32(plo, 31)));
+            const mve_pred16_t ok = vcmphiq_u32(vdupq_n_u32(c2), vsubq_u32(plo, vdupq_n_u32(c1)));
+            if (__builtin_expect((ok & 0x1111) != 0x1111, 0)) {     /* a lane near a half: exact */
+                int32_t q[4];
+                vst1q_s32(acc, a);
+                vst1q_s32(q, v);
+                for (int32_t j = 0; j < nv; j++) {
+                    if (!((ok >> (4 * j)) & 1)) {
+                        q[j] = kiln_mve_fc_rq1(acc[j], m[mstep * (n + j)], rq + 3 * mstep * (n + j), c1, 0);
+                    }
+                }
+                v = vld1q_s32(q);
+            }
+            v = vminq_s32(vmaxq_s32(vaddq_n_s32(v, zy), vdupq_n_s32(lo)), vdupq_n_s32(hi));
+            if (nv == 4) {
+                vstrbq_s32(y + n, v);
+            } else {
+                vstrbq_p_s32(y + n, v, vctp32q((uint32_t)nv));
+            }
+#else
+            for (int32_t j = 0; j < 4; j++) {
+                acc[j] = bias[n + j];
+                for (int32_t k = 0; k < K; k++) {
+                    acc[j] += (int32_t)x[k] * wb[(k >> 4) * 64 + j * 16 + (k & 15)];
+                }
+            }
+            wb += kc * 64;
+            for (int32_t j = 0; j < nv; j++) {
+                const int32_t c = mstep * (n + j);
+                const int32_t v = kiln_mve_fc_rq1(acc[j], m[c], rq + 3 * c, c1, c2) + zy;
+                y[n + j] = (int8_t)(v < lo ? lo : (v > hi ? hi : v));
+            }
+#endif
+        }
+    }
+}
+
+/* ---- int8 ADD and MUL (TFLite's reference kernels, same-shape operands) ------------------------------
+ * MultiplyByQuantizedMultiplier(v, m, shift) on 4 lanes with per-tensor constants: VSHL by the left
+ * shift (lsh, wrapping as TFLite's x * (1 << left)), VQRDMULH by m, then RoundingDivideByPOT as in
+ * kiln_mve_rq4 (rneg: minus the right shift, a vector; 0: none). */
+#if KILN_HAVE_MVE
+static inline int32x4_t kiln_mve_mbqm4(int32x4_t v, int32_t lsh, int32_t m, int32x4_t rneg)
+{
+    v = vqrdmulhq_n_s32(vshlq_r_s32(v, lsh), m);
+    v = vqaddq_s32(v, vshrq_n_s32(vandq_s32(v, rneg), 31));
+    return vrshlq_s32(v, rneg);
+}
+#endif
+
+static inline int32_t kiln_mve_mbqm_s(int32_t v, int32_t lsh, int32_t m, int32_t rneg)
+{
+    return kiln_mve_mbqm1(lsh >= 32 ? 0 : v, m, lsh >= 32 ? 0 : lsh, rneg);
+}
+
+/* p: {za, 20 + left shift 1, m1, -right shift 1, zb, 20 + left shift 2, m2, -right 2, left shift out,
+ * m out, -right out, zy, lo, hi} (ops_mve.add_params); y = clamp(MBQM(MBQM((a - za) << 20, m1, s1)
+ * + MBQM((b - zb) << 20, m2, s2), mo, so) + zy, lo, hi), n elements: 4 per step, the last step
+ * predicated (VCTP). */
+static __attribute__((noinline, unused)) void kiln_mve_add_s8(const int8_t *a, const int8_t *b, int32_t n,
+                                                              const int32_t *p, int8_t *y)
+{
+    const int32_t za = p[0], la = p[1], ma = p[2], zb = p[4], lb = p[5], mb = p[6], lo_ = p[8], mo = p[9];
+    const int32_t zy = p[11], lo = p[12], hi = p[13];
+#if KILN_HAVE_MVE
+    const int32x4_t ra = vdupq_n_s32(p[3]), rb = vdupq_n_s32(p[7]), ro = vdupq_n_s32(p[10]);
+    const int32x4_t vlo = vdupq_n_s32(lo), vhi = vdupq_n_s32(hi);
+    for (int32_t i = 0; i < n; i += 4) {
+        const mve_pred16_t pr = vctp32q((uint32_t)(n - i));
+        const int32x4_t va = vsubq_n_s32(vldrbq_z_s32(a + i, pr), za), vb = vsubq_n_s32(vldrbq_z_s32(b + i, pr), zb);
+        const int32x4_t s = vaddq_s32(kiln_mve_mbqm4(va, la, ma, ra), kiln_mve_mbqm4(vb, lb, mb, rb));
+        const int32x4_t v = vaddq_n_s32(kiln_mve_mbqm4(s, lo_, mo, ro), zy);
+        vstrbq_p_s32(y + i, vminq_s32(vmaxq_s32(v, vlo), vhi), pr);
+    }
+#else
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t s = (int32_t)((uint32_t)kiln_mve_mbqm_s(a[i] - za, la, ma, p[3]) +
+                                    (uint32_t)kiln_mve_mbqm_s(b[i] - zb, lb, mb, p[7]));
+        const int32_t v = kiln_mve_mbqm_s(s, lo_, mo, p[10]) + zy;
+        y[i] = (int8_t)(v < lo ? lo : (v > hi ? hi : v));
+    }
+#endif
+}
+
+/* p: {za, zb, left shift, m, -right shift, zy, lo, hi}; y = clamp(MBQM((a - za) * (b - zb), m, s)
+ * + zy, lo, hi) */
+static __attribute__((noinline, unused)) void kiln_mve_mul_s8(const int8_t *a, const int8_t *b, int32_t n,
+                                                              const int32_t *p, int8_t *y)
+{
+    const int32_t za = p[0], zb = p[1], l = p[2], m = p[3], zy = p[5], lo = p[6], hi = p[7];
+#if KILN_HAVE_MVE
+    const int32x4_t r = vdupq_n_s32(p[4]), vlo = vdupq_n_s32(lo), vhi = vdupq_n_s32(hi);
+    for (int32_t i = 0; i < n; i += 4) {
+        const mve_pred16_t pr = vctp32q((uint32_t)(n - i));
+        const int32x4_t prod = vmulq_s32(vsubq_n_s32(vldrbq_z_s32(a + i, pr), za),
+                                         vsubq_n_s32(vldrbq_z_s32(b + i, pr), zb));
+        const int32x4_t v = vaddq_n_s32(kiln_mve_mbqm4(prod, l, m, r), zy);
+        vstrbq_p_s32(y + i, vminq_s32(vmaxq_s32(v, vlo), vhi), pr);
+    }
+#else
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t v = kiln_mve_mbqm_s((a[i] - za) * (b[i] - zb), l, m, p[4]) + zy;
+        y[i] = (int8_t)(v < lo ? lo : (v > hi ? hi : v));
+    }
+#endif
 }
 
 #endif /* KILN_MVE_H */

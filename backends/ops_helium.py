@@ -1,0 +1,98 @@
+"""Helium (MVE) rules for int8 FULLY_CONNECTED, ADD and MUL on targets with ``TargetSpec.helium``
+(the Cortex-M55): each wraps the rule registered before it (``ops_dense.py``,
+``ops_elementwise.py``) and takes the nodes its kernel in ``kiln_mve.h`` covers (batch-1 dense
+with constant weights: ``kiln_mve_fc_s8``; same-shape add / mul: ``kiln_mve_add_s8`` /
+``kiln_mve_mul_s8``, ``ops_mve.lower_binary_mve``); everything else, and every other target, goes
+to the previous rule. Imported by ``backends/ops.py`` after the modules whose rules it wraps."""
+from __future__ import annotations
+
+import numpy as np
+from tvm import te, tirx
+
+from kiln.frontend.ops.int8util import channel_params, per_tensor
+from kiln.frontend.registry import OPS
+
+from . import ops_dense, ops_elementwise, ops_mve  # noqa: F401  (ops_elementwise: the rules wrapped)
+from .lower import BACKEND, PENDING, lower_rule
+from .ops_mve import _extern_n, pack_gemm
+from .qmath import c
+
+
+def helium_first(op_name):
+    """Decorator: ``fn(k, node, xs)`` lowers ``op_name`` on Helium targets with Kiln kernels when it
+    returns a tensor; None (not covered), and other targets, go to the rule registered before."""
+    def deco(fn):
+        prev = OPS[op_name].lower.get(BACKEND) if op_name in OPS else PENDING.get(op_name)
+
+        def rule(k, node, xs):
+            if k.target.kernels and k.target.helium and ops_elementwise._q(k, node):
+                y = fn(k, node, xs)
+                if y is not None:
+                    return y
+            return prev(k, node, xs) if prev is not None else None
+        rule.__name__ = f"lower_{op_name}_helium_first"
+        lower_rule(op_name)(rule)
+        return fn
+    return deco
+
+
+def prepare_fc(w, bias, zx, s_in, w_scales, s_out, zy, act):
+    """Everything ``kiln_mve_fc_s8`` takes besides the input and output, at compile time: the packed
+    weights (``pack_gemm``), the folded bias padded to a multiple of 4, the fast multipliers ``m``
+    (padded likewise, or one), the exact constants ``rq`` and ``mstep``, ``c1``, ``c2``, ``lo``,
+    ``hi``: LiteRT's reference FULLY_CONNECTED requantisation (``ops_dense.prepare_dense``'s
+    constants, whose guard and fast path kiln_mve.h vectorises)."""
+    w = np.asarray(w, np.int8)
+    N = w.shape[0]
+    Np = -(-N // 4) * 4
+    p = ops_dense.prepare_dense(w, bias, zx, s_in, w_scales, s_out, zy, act)
+    folded = ops_dense.fold_bias(w, np.asarray(bias, np.int64).reshape(N), zx)
+    m = p["m"] if p["mstep"] == 0 else np.concatenate([p["m"], np.zeros(Np - N, np.int32)])
+    return {"w": pack_gemm(w), "bias": np.concatenate([folded, np.zeros(Np - N, np.int32)]), "m": m,
+            "rq": p["rq"], "mstep": p["mstep"], "c1": p["c1"], "c2": p["c2"], "lo": p["lo"], "hi": p["hi"]}
+
+
+def lower_dense_mve(k, node, x):
+    """int8 dense with constant weights (and bias), one weight zero point 0 and an input that is a
+    kernel argument as one ``kiln_mve_fc_s8`` call; None otherwise."""
+    tx, tw, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
+    if not isinstance(x.op, te.PlaceholderOp) or any(t.dtype != "int8" or t.quant is None for t in (tx, tw, ty)):
+        return None
+    if any(int(z) for z in tw.quant.zero_point):
+        return None
+    N, K = tw.shape
+    w = k.value(node.inputs[1])
+    b = k.value(node.inputs[2]) if len(node.inputs) >= 3 else np.zeros(N, np.int64)
+    if w is None or b is None:
+        return None
+    s_in, zx = per_tensor(tx, "input", "dense")
+    s_out, zy = per_tensor(ty, "output", "dense")
+    ws, _, _ = channel_params(tw, N, "dense")
+    p = prepare_fc(np.asarray(w).reshape(N, K), b, zx, s_in, ws, s_out, zy, node.attrs["activation"])
+    consts = [k.const("w_fc_mve", p["w"]), k.const("b_fc_mve", p["bias"]), k.const("m_fc_mve", p["m"]),
+              k.const("rq_fc_mve", p["rq"])]
+    k.schedule(lambda sch, out_block: None)
+    rows = int(np.prod(tx.shape[:-1], dtype=np.int64))
+
+    def fcompute(ins, outs):
+        xb, wb, bb, mb, qb = ins
+        return tirx.Evaluate(tirx.call_extern(
+            "void", "kiln_mve_fc_s8", xb.access_ptr("r"), c(rows), c(K), c(N), wb.access_ptr("r"),
+            bb.access_ptr("r"), mb.access_ptr("r"), qb.access_ptr("r"), c(p["mstep"]), c(p["c1"], "uint32"),
+            c(p["c2"], "uint32"), c(zy), c(p["lo"]), c(p["hi"]), outs[0].access_ptr("w")))
+    return _extern_n([x] + consts, fcompute, tuple(ty.shape), "dense")
+
+
+@helium_first("dense")
+def _dense(k, node, xs):
+    return lower_dense_mve(k, node, xs[0])
+
+
+@helium_first("add")
+def _add(k, node, xs):
+    return ops_mve.lower_binary_mve(k, node, xs, "add")
+
+
+@helium_first("mul")
+def _mul(k, node, xs):
+    return ops_mve.lower_binary_mve(k, node, xs, "mul")
