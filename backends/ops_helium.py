@@ -12,7 +12,7 @@ from tvm import te, tirx
 from kiln.frontend.ops.int8util import channel_params, per_tensor
 from kiln.frontend.registry import OPS
 
-from . import ops_dense, ops_elementwise, ops_mve  # noqa: F401  (ops_elementwise: the rules wrapped)
+from . import ops_dense, ops_elementwise, ops_mve, qmath  # noqa: F401  (ops_dense: the rule wrapped)
 from .lower import BACKEND, PENDING, lower_rule
 from .ops_mve import _extern_n, pack_gemm
 from .qmath import c
@@ -88,11 +88,50 @@ def _dense(k, node, xs):
     return lower_dense_mve(k, node, xs[0])
 
 
+def _clamp_after(k, node):
+    """(lo, hi, clamp node) when the rest of the node's fused group is one relu / relu6 of it on
+    the same quantisation (a clamp, TFLite's fused activation), (-128, 127, None) when the node ends
+    its group; None when other nodes of the group follow (the kernel would need a scratch buffer)."""
+    rest = k.group.nodes[[n.name for n in k.group.nodes].index(node.name) + 1:]
+    if not rest:
+        return -128, 127, None
+    n = rest[0]
+    if len(rest) > 1 or n.op not in ("relu", "relu6") or list(n.inputs) != [node.name]:
+        return None
+    ty, tr = k.type(node.name), k.type(n.name)
+    if tr.dtype != "int8" or tr.quant != ty.quant:
+        return None
+    lo, hi = qmath.activation_range(n.op, float(ty.quant.scale[0]), int(ty.quant.zero_point[0]))
+    return lo, hi, n
+
+
+def _binary(k, node, xs, name):
+    after = _clamp_after(k, node)
+    if after is None:
+        return None
+    y = ops_mve.lower_binary_mve(k, node, xs, name, after[0], after[1])
+    if y is not None and after[2] is not None:
+        k.helium_clamped = {after[2].name: y}      # the clamp node's rule returns y as it is
+    return y
+
+
 @helium_first("add")
 def _add(k, node, xs):
-    return ops_mve.lower_binary_mve(k, node, xs, "add")
+    return _binary(k, node, xs, "add")
 
 
 @helium_first("mul")
 def _mul(k, node, xs):
-    return ops_mve.lower_binary_mve(k, node, xs, "mul")
+    return _binary(k, node, xs, "mul")
+
+
+def _clamp_rule(op):
+    @helium_first(op)
+    def rule(k, node, xs):
+        y = getattr(k, "helium_clamped", {}).get(node.name)
+        return y if y is not None and y is xs[0] else None
+    return rule
+
+
+for _op in ("relu", "relu6"):
+    _clamp_rule(_op)

@@ -281,15 +281,16 @@ def mul_params(t1, t2, ty, lo=-128, hi=127):
     return np.array([z1, z2, left, m, rneg, zy, lo, hi], np.int64).astype(np.int32)
 
 
-def lower_binary_mve(k, node, xs, name):
+def lower_binary_mve(k, node, xs, name, lo=-128, hi=127):
     """int8 ``add`` / ``mul`` of two same-shape kernel arguments as one ``kiln_mve_add_s8`` /
-    ``kiln_mve_mul_s8`` call over all elements; None otherwise (broadcasting, fused inputs)."""
+    ``kiln_mve_mul_s8`` call over all elements, clamped to [lo, hi] (a fused relu); None otherwise
+    (broadcasting, fused inputs)."""
     t1, t2, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
     if any(t.dtype != "int8" or t.quant is None or t.quant.per_channel for t in (t1, t2, ty)):
         return None
     if t1.shape != ty.shape or t2.shape != ty.shape or not all(isinstance(x.op, te.PlaceholderOp) for x in xs):
         return None
-    params = (add_params if name == "add" else mul_params)(t1, t2, ty)
+    params = (add_params if name == "add" else mul_params)(t1, t2, ty, lo, hi)
     n = int(np.prod(ty.shape, dtype=np.int64))
     k.inplace_hints_of_op()
     tab = k.const(f"{name}_mve", params)

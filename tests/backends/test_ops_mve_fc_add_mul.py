@@ -145,9 +145,10 @@ def test_add_mul_equal_int8_reference(lib, n, op, lo, span, seed):
 
 
 def _graph(rng):
-    """dense (2 x 19 -> 19, relu), add(x, dense), mul(add, dense) (38 elements), dense 19 -> 7
-    (multiplier above 1/2: every lane exact), dense 7 -> 5 (relu6, per-tensor), add of that with
-    itself (10 elements)."""
+    """dense (2 x 19 -> 19, relu), add(x, dense), mul(add, dense) (38 elements) + relu6, dense
+    19 -> 7 (multiplier above 1/2: every lane exact), dense 7 -> 5 (relu6, per-tensor), add of that
+    with itself (10 elements) + relu: the relus on the same quantisation are clamps the add / mul
+    kernels apply (TFLite's fused activations)."""
     g = Graph("mve_fc_add_mul")
     qx = QParams((0.05,), (3,))
     g.add_input("x", TensorType((2, 19), "int8", qx))
@@ -166,9 +167,12 @@ def _graph(rng):
             g.add_node("add", ["x", "d0"], {}, name="a0", out_type=TensorType((2, 19), "int8", QParams((0.09,), (5,))))
             qin = QParams((0.2,), (-7,))
             g.add_node("mul", ["a0", "d0"], {}, name="m0", out_type=TensorType((2, 19), "int8", qin))
-            src = "m0"
-    g.add_node("add", [src, src], {}, name="a1", out_type=TensorType((2, 5), "int8", QParams((0.03,), (11,))))
-    g.outputs = ["a1"]
+            g.add_node("relu6", ["m0"], {}, name="r0", out_type=TensorType((2, 19), "int8", qin))
+            src = "r0"
+    qa = QParams((0.03,), (11,))
+    g.add_node("add", [src, src], {}, name="a1", out_type=TensorType((2, 5), "int8", qa))
+    g.add_node("relu", ["a1"], {}, name="r1", out_type=TensorType((2, 5), "int8", qa))
+    g.outputs = ["r1"]
     return g.validate()
 
 
@@ -178,6 +182,8 @@ def test_fc_add_mul_on_host_match_reference(tmp_path):
     pkg = compile_pkg(g, target="cortex-m55", out_dir=tmp_path / "p", plot=False, measure_size=False)
     src = (tmp_path / "p" / "kernels.c").read_text()
     assert all(f"{fn}(" in src for fn in ("kiln_mve_fc_s8", "kiln_mve_add_s8", "kiln_mve_mul_s8"))
+    plan = (tmp_path / "p" / "plan.txt").read_text()
+    assert "scratch_add" not in plan and "scratch_mul" not in plan      # the relus fused: no buffer between
     for _ in range(3):
         x = rng.integers(-128, 128, (2, 19)).astype(np.int8)
         np.testing.assert_array_equal(pkg.run(x)[0], run(g, x)[0])
