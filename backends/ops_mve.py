@@ -161,7 +161,7 @@ def _conv_extern(x, wp, q, G, consts, out_shape):
 
     def fcompute(ins, outs):
         xb, wb, qb = ins
-        patch = tirx.decl_buffer((1 if direct else group * K,), "int8", name="patch")
+        patch = tirx.decl_buffer((1 if direct else group * K + (16 if group > 1 else 0),), "int8", name="patch")
         n = tirx.Var("n", "int32")
         call = tirx.call_extern("void", fn, xb.access_ptr("r", offset=n * c(H * W * C)),
                                 c(H), c(W), c(C), c(KH), c(KW), c(G["sh"]), c(G["sw"]), c(G["pt"]), c(G["pl"]),

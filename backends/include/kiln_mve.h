@@ -128,11 +128,38 @@ static inline __attribute__((always_inline)) void kiln_mve_out4(int32_t s0, int3
     }
 }
 
-/* K <= 16: P pixels (a[p]: their K input bytes; y: their P x O outputs), block by block */
-static inline __attribute__((always_inline)) void kiln_mve_gemm_grp(const int8_t *const *a, int32_t P,
+/* v + zy clamped to [lo, hi]; full ([lo, hi] = [-128, 127]): saturating VQADD, VQSHL #24, VSHR #24,
+ * which needs no vectors of lo and hi */
+static inline int32x4_t kiln_mve_clamp(int32x4_t v, int32_t zy, int32x4_t lo, int32x4_t hi, const int full)
+{
+    if (full) {
+        return vshrq_n_s32(vqshlq_n_s32(vqaddq_n_s32(v, zy), 24), 24);
+    }
+    return vminq_s32(vmaxq_s32(vaddq_n_s32(v, zy), lo), hi);
+}
+
+/* one pixel's 4 outputs of the block: four VMLADAV, two VMOV, the requantisation (kiln_mve_rqv) */
+static inline __attribute__((always_inline)) int32x4_t kiln_mve_grp_px(int8x16_t x, int8x16_t w0, int8x16_t w1,
+                                                                       int8x16_t w2, int8x16_t w3, int32x4_t bias,
+                                                                       int32x4_t mult, int32x4_t lshv, int32x4_t rneg,
+                                                                       int32_t zy, int32x4_t lo, int32x4_t hi,
+                                                                       const int lsh, const int full)
+{
+    int32x4_t v = vaddq_s32(kiln_mve_vec4(vmladavq_s8(x, w0), vmladavq_s8(x, w1), vmladavq_s8(x, w2),
+                                          vmladavq_s8(x, w3)), bias);
+    v = vqrdmulhq_s32(lsh ? vshlq_s32(v, lshv) : v, mult);
+    v = vqaddq_s32(v, vshrq_n_s32(vandq_s32(v, rneg), 31));
+    return kiln_mve_clamp(vrshlq_s32(v, rneg), zy, lo, hi, full);
+}
+#define KILN_MVE_GRP_PX(x) kiln_mve_grp_px(x, w0, w1, w2, w3, bias, mult, lshv, rneg, zy, vlo, vhi, lsh, full)
+
+/* K <= 16: P pixels (a[p]: their K input bytes; y: their P x O outputs), block by block. The first
+ * Ps pixels may read 16 bytes (the lanes past K meet zero weights); the others load K bytes. */
+static inline __attribute__((always_inline)) void kiln_mve_gemm_grp(const int8_t *const *a, int32_t P, int32_t Ps,
                                                                     const int8_t *w, int32_t K, int32_t O,
                                                                     const int32_t *q, int32_t zy, int32_t lo,
-                                                                    int32_t hi, int8_t *y, const int lsh)
+                                                                    int32_t hi, int8_t *y, const int lsh,
+                                                                    const int full)
 {
     const mve_pred16_t pk = vctp8q((uint32_t)K);
     const int32x4_t vlo = vdupq_n_s32(lo), vhi = vdupq_n_s32(hi);
@@ -140,22 +167,20 @@ static inline __attribute__((always_inline)) void kiln_mve_gemm_grp(const int8_t
         const int8x16_t w0 = vld1q_s8(w), w1 = vld1q_s8(w + 16), w2 = vld1q_s8(w + 32), w3 = vld1q_s8(w + 48);
         const int32x4_t bias = vld1q_s32(q), mult = vld1q_s32(q + 4), lshv = vld1q_s32(q + 8), rneg = vld1q_s32(q + 12);
         int8_t *yp = y + o;
+        int32_t p = 0;
         if (O - o >= 4) {
-            for (int32_t p = 0; p < P; p++, yp += O) {
-                const int8x16_t x = vldrbq_z_s8(a[p], pk);
-                const int32x4_t v = kiln_mve_vec4(vmladavq_s8(x, w0), vmladavq_s8(x, w1), vmladavq_s8(x, w2),
-                                                  vmladavq_s8(x, w3));
-                vstrbq_s32(yp, kiln_mve_rqv(vaddq_s32(v, bias), mult, lshv, rneg, lsh, zy, vlo, vhi));
+            for (; p < Ps; p++, yp += O) {
+                vstrbq_s32(yp, KILN_MVE_GRP_PX(vld1q_s8(a[p])));
             }
-        } else {
-            for (int32_t p = 0; p < P; p++, yp += O) {
-                kiln_mve_out4(vmladavq_s8(vldrbq_z_s8(a[p], pk), w0), vmladavq_s8(vldrbq_z_s8(a[p], pk), w1),
-                              vmladavq_s8(vldrbq_z_s8(a[p], pk), w2), vmladavq_s8(vldrbq_z_s8(a[p], pk), w3), q, lsh,
-                              zy, vlo, vhi, yp, O - o);
-            }
+        }
+        const mve_pred16_t po = vctp32q((uint32_t)(O - o));
+        for (; p < P; p++, yp += O) {
+            const int8x16_t x = p < Ps ? vld1q_s8(a[p]) : vldrbq_z_s8(a[p], pk);
+            vstrbq_p_s32(yp, KILN_MVE_GRP_PX(x), po);
         }
     }
 }
+#undef KILN_MVE_GRP_PX
 
 #endif
 
@@ -332,15 +357,23 @@ static inline const int8_t *kiln_mve_patch(const int8_t *x, int32_t H, int32_t W
 #define KILN_MVE_GROUP 16      /* the largest group of kiln_mve_conv_s8 (ops_mve.GEMM_GROUP) */
 
 #if KILN_HAVE_MVE
-/* kiln_mve_gemm_grp for one group, VSHL left in (lsh) or out */
-static __attribute__((noinline)) void kiln_mve_gemm_grp_call(const int8_t *const *a, int32_t P, const int8_t *w,
-                                                             int32_t K, int32_t O, const int32_t *q, int32_t zy,
-                                                             int32_t lo, int32_t hi, int8_t *y, int32_t lsh)
+/* kiln_mve_gemm_grp for one group, VSHL left in (lsh) or out, the clamp of [-128, 127] or not */
+static __attribute__((noinline)) void kiln_mve_gemm_grp_call(const int8_t *const *a, int32_t P, int32_t Ps,
+                                                             const int8_t *w, int32_t K, int32_t O, const int32_t *q,
+                                                             int32_t zy, int32_t lo, int32_t hi, int8_t *y,
+                                                             int32_t lsh)
 {
+    const int full = lo == -128 && hi == 127;
     if (lsh) {
-        kiln_mve_gemm_grp(a, P, w, K, O, q, zy, lo, hi, y, 1);
+        if (full) {
+            kiln_mve_gemm_grp(a, P, Ps, w, K, O, q, zy, lo, hi, y, 1, 1);
+        } else {
+            kiln_mve_gemm_grp(a, P, Ps, w, K, O, q, zy, lo, hi, y, 1, 0);
+        }
+    } else if (full) {
+        kiln_mve_gemm_grp(a, P, Ps, w, K, O, q, zy, lo, hi, y, 0, 1);
     } else {
-        kiln_mve_gemm_grp(a, P, w, K, O, q, zy, lo, hi, y, 0);
+        kiln_mve_gemm_grp(a, P, Ps, w, K, O, q, zy, lo, hi, y, 0, 0);
     }
 }
 #endif
@@ -365,8 +398,9 @@ static __attribute__((noinline, unused)) void kiln_mve_conv_s8(
 
 /* One image of an int8 conv2d (groups 1, dilation 1) with K = KH x KW x C <= 16, in raster order:
  * per group of KILN_MVE_GROUP pixels their patches (none for a 1x1 conv without padding: the input
- * pixel is the reduction), then kiln_mve_gemm_grp. patch: KILN_MVE_GROUP x K bytes of scratch
- * (unused when direct). lsh: some channel has a left shift. */
+ * pixel is the reduction), then kiln_mve_gemm_grp. patch: KILN_MVE_GROUP x K + 16 bytes of scratch
+ * (unused when direct), so every patch may be read as 16 bytes; in place, only the pixels whose 16
+ * bytes end inside the input. lsh: some channel has a left shift. */
 static __attribute__((noinline, unused)) void kiln_mve_conv_grp_s8(
     const int8_t *x, int32_t H, int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t sh, int32_t sw, int32_t pt,
     int32_t pl, int32_t oh, int32_t ow, int32_t zx, int8_t *patch, const int8_t *w, int32_t O, const int32_t *q,
@@ -386,7 +420,11 @@ static __attribute__((noinline, unused)) void kiln_mve_conv_grp_s8(
             }
         }
 #if KILN_HAVE_MVE
-        kiln_mve_gemm_grp_call(a, P, w, K, O, q, zy, lo, hi, y, lsh);
+        int32_t Ps = P;
+        while (direct && Ps > 0 && a[Ps - 1] + 16 > x + H * W * C) {
+            Ps--;
+        }
+        kiln_mve_gemm_grp_call(a, P, Ps, w, K, O, q, zy, lo, hi, y, lsh);
 #else
         (void)lsh;
         for (int32_t p = 0; p < P; p++) {
