@@ -122,9 +122,9 @@ def lower_conv_mve(k, node, x, G, out_shape=None):
 
 def gemm_group(G):
     """Output pixels computed per pass: GEMM_GROUP (``kiln_mve_conv_grp_s8``) when the reduction is
-    at most 16 (a block's weights then stay in registers for the group), else 1
-    (``kiln_mve_conv_s8``)."""
-    return GEMM_GROUP if G["KH"] * G["KW"] * G["C"] <= 16 else 1
+    at most 32 (one or two 16-byte chunks: a block's table, and for one chunk its weights, stay in
+    registers for the group), else 1 (``kiln_mve_conv_s8``)."""
+    return GEMM_GROUP if G["KH"] * G["KW"] * G["C"] <= 32 else 1
 
 
 def group_inplace_shift(G, direct, group=1):
@@ -161,7 +161,7 @@ def _conv_extern(x, wp, q, G, consts, out_shape):
 
     def fcompute(ins, outs):
         xb, wb, qb = ins
-        patch = tirx.decl_buffer((1 if direct else group * K + (16 if group > 1 else 0),), "int8", name="patch")
+        patch = tirx.decl_buffer((1 if direct else group * K + (32 if group > 1 else 0),), "int8", name="patch")
         n = tirx.Var("n", "int32")
         call = tirx.call_extern("void", fn, xb.access_ptr("r", offset=n * c(H * W * C)),
                                 c(H), c(W), c(C), c(KH), c(KW), c(G["sh"]), c(G["sw"]), c(G["pt"]), c(G["pl"]),

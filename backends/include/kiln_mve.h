@@ -153,6 +153,40 @@ static inline __attribute__((always_inline)) int32x4_t kiln_mve_grp_px(int8x16_t
 }
 #define KILN_MVE_GRP_PX(x) kiln_mve_grp_px(x, w0, w1, w2, w3, bias, mult, lshv, rneg, zy, vlo, vhi, lsh, full)
 
+/* 16 < K <= 32: the same for two chunks; the block's 8 weight vectors do not fit the registers with
+ * the inputs and are reloaded per pixel */
+static inline __attribute__((always_inline)) void kiln_mve_gemm_grp2(const int8_t *const *a, int32_t P, int32_t Ps,
+                                                                     const int8_t *w, int32_t K, int32_t O,
+                                                                     const int32_t *q, int32_t zy, int32_t lo,
+                                                                     int32_t hi, int8_t *y, const int lsh,
+                                                                     const int full)
+{
+    const int32x4_t vlo = vdupq_n_s32(lo), vhi = vdupq_n_s32(hi);
+    const mve_pred16_t pk = vctp8q((uint32_t)(K - 16));
+    for (int32_t o = 0; o < O; o += 4, q += 16, w += 128) {
+        const int32x4_t bias = vld1q_s32(q), mult = vld1q_s32(q + 4), lshv = vld1q_s32(q + 8);
+        const int32x4_t rneg = vld1q_s32(q + 12);
+        const mve_pred16_t po = vctp32q((uint32_t)(O - o));
+        int8_t *yp = y + o;
+        for (int32_t p = 0; p < P; p++, yp += O) {
+            const int8x16_t x0 = vld1q_s8(a[p]), x1 = p < Ps ? vld1q_s8(a[p] + 16) : vldrbq_z_s8(a[p] + 16, pk);
+            int32x4_t v = kiln_mve_vec4(vmladavaq_s8(vmladavq_s8(x0, vld1q_s8(w)), x1, vld1q_s8(w + 64)),
+                                        vmladavaq_s8(vmladavq_s8(x0, vld1q_s8(w + 16)), x1, vld1q_s8(w + 80)),
+                                        vmladavaq_s8(vmladavq_s8(x0, vld1q_s8(w + 32)), x1, vld1q_s8(w + 96)),
+                                        vmladavaq_s8(vmladavq_s8(x0, vld1q_s8(w + 48)), x1, vld1q_s8(w + 112)));
+            v = vaddq_s32(v, bias);
+            v = vqrdmulhq_s32(lsh ? vshlq_s32(v, lshv) : v, mult);
+            v = vqaddq_s32(v, vshrq_n_s32(vandq_s32(v, rneg), 31));
+            v = kiln_mve_clamp(vrshlq_s32(v, rneg), zy, vlo, vhi, full);
+            if (O - o >= 4) {
+                vstrbq_s32(yp, v);
+            } else {
+                vstrbq_p_s32(yp, v, po);
+            }
+        }
+    }
+}
+
 /* K <= 16: P pixels (a[p]: their K input bytes; y: their P x O outputs), block by block. The first
  * Ps pixels may read 16 bytes (the lanes past K meet zero weights); the others load K bytes. */
 static inline __attribute__((always_inline)) void kiln_mve_gemm_grp(const int8_t *const *a, int32_t P, int32_t Ps,
@@ -161,8 +195,8 @@ static inline __attribute__((always_inline)) void kiln_mve_gemm_grp(const int8_t
                                                                     int32_t hi, int8_t *y, const int lsh,
                                                                     const int full)
 {
-    const mve_pred16_t pk = vctp8q((uint32_t)K);
     const int32x4_t vlo = vdupq_n_s32(lo), vhi = vdupq_n_s32(hi);
+    const mve_pred16_t pk = vctp8q((uint32_t)K);
     for (int32_t o = 0; o < O; o += 4, q += 16, w += 64) {
         const int8x16_t w0 = vld1q_s8(w), w1 = vld1q_s8(w + 16), w2 = vld1q_s8(w + 32), w3 = vld1q_s8(w + 48);
         const int32x4_t bias = vld1q_s32(q), mult = vld1q_s32(q + 4), lshv = vld1q_s32(q + 8), rneg = vld1q_s32(q + 12);
@@ -396,11 +430,27 @@ static __attribute__((noinline, unused)) void kiln_mve_conv_s8(
     }
 }
 
-/* One image of an int8 conv2d (groups 1, dilation 1) with K = KH x KW x C <= 16, in raster order:
+#if KILN_HAVE_MVE
+/* kiln_mve_gemm_grp2 for one group (the common case without left shifts and with the whole int8
+ * range specialised) */
+static __attribute__((noinline)) void kiln_mve_gemm_grp2_call(const int8_t *const *a, int32_t P, int32_t Ps,
+                                                              const int8_t *w, int32_t K, int32_t O, const int32_t *q,
+                                                              int32_t zy, int32_t lo, int32_t hi, int8_t *y,
+                                                              int32_t lsh)
+{
+    if (!lsh && lo == -128 && hi == 127) {
+        kiln_mve_gemm_grp2(a, P, Ps, w, K, O, q, zy, lo, hi, y, 0, 1);
+    } else {
+        kiln_mve_gemm_grp2(a, P, Ps, w, K, O, q, zy, lo, hi, y, 1, 0);
+    }
+}
+#endif
+
+/* One image of an int8 conv2d (groups 1, dilation 1) with K = KH x KW x C <= 32, in raster order:
  * per group of KILN_MVE_GROUP pixels their patches (none for a 1x1 conv without padding: the input
- * pixel is the reduction), then kiln_mve_gemm_grp. patch: KILN_MVE_GROUP x K + 16 bytes of scratch
- * (unused when direct), so every patch may be read as 16 bytes; in place, only the pixels whose 16
- * bytes end inside the input. lsh: some channel has a left shift. */
+ * pixel is the reduction), then kiln_mve_gemm_grp. patch: KILN_MVE_GROUP x K + 32 bytes of scratch
+ * (unused when direct), so every patch may be read as whole 16-byte chunks; in place, only the
+ * pixels whose chunks end inside the input. lsh: some channel has a left shift. */
 static __attribute__((noinline, unused)) void kiln_mve_conv_grp_s8(
     const int8_t *x, int32_t H, int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t sh, int32_t sw, int32_t pt,
     int32_t pl, int32_t oh, int32_t ow, int32_t zx, int8_t *patch, const int8_t *w, int32_t O, const int32_t *q,
@@ -413,7 +463,8 @@ static __attribute__((noinline, unused)) void kiln_mve_conv_grp_s8(
     for (int32_t n = 0; n < npix; n += KILN_MVE_GROUP, y += KILN_MVE_GROUP * O) {
         const int32_t P = npix - n < KILN_MVE_GROUP ? npix - n : KILN_MVE_GROUP;
         for (int32_t p = 0; p < P; p++) {
-            a[p] = kiln_mve_patch(x, H, W, C, KH, KW, sh, sw, pt, pl, i, j, zx, patch + p * K, direct);
+            a[p] = direct ? x + (i * sh * W + j * sw) * C
+                          : kiln_mve_patch(x, H, W, C, KH, KW, sh, sw, pt, pl, i, j, zx, patch + p * K, 0);
             if (++j == ow) {
                 j = 0;
                 i++;
@@ -421,10 +472,14 @@ static __attribute__((noinline, unused)) void kiln_mve_conv_grp_s8(
         }
 #if KILN_HAVE_MVE
         int32_t Ps = P;
-        while (direct && Ps > 0 && a[Ps - 1] + 16 > x + H * W * C) {
+        while (direct && Ps > 0 && a[Ps - 1] + (K > 16 ? 32 : 16) > x + H * W * C) {
             Ps--;
         }
-        kiln_mve_gemm_grp_call(a, P, Ps, w, K, O, q, zy, lo, hi, y, lsh);
+        if (K > 16) {
+            kiln_mve_gemm_grp2_call(a, P, Ps, w, K, O, q, zy, lo, hi, y, lsh);
+        } else {
+            kiln_mve_gemm_grp_call(a, P, Ps, w, K, O, q, zy, lo, hi, y, lsh);
+        }
 #else
         (void)lsh;
         for (int32_t p = 0; p < P; p++) {
