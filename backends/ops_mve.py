@@ -157,7 +157,7 @@ def _conv_extern(x, wp, q, G, consts, out_shape):
     zx, zy, lo, hi, lsh = consts
     group = gemm_group(G)
     direct = KH == 1 and KW == 1 and G["pt"] == 0 and G["pl"] == 0
-    fn, extra = ("kiln_mve_conv_grp_s8", [c(lsh)]) if group > 1 else ("kiln_mve_conv_s8", [])
+    fn = "kiln_mve_conv_grp_s8" if group > 1 else "kiln_mve_conv_s8"
 
     def fcompute(ins, outs):
         xb, wb, qb = ins
@@ -166,7 +166,7 @@ def _conv_extern(x, wp, q, G, consts, out_shape):
         call = tirx.call_extern("void", fn, xb.access_ptr("r", offset=n * c(H * W * C)),
                                 c(H), c(W), c(C), c(KH), c(KW), c(G["sh"]), c(G["sw"]), c(G["pt"]), c(G["pl"]),
                                 c(oh), c(ow), c(zx), patch.access_ptr("w"), wb.access_ptr("r"), c(O),
-                                qb.access_ptr("r"), c(zy), c(lo), c(hi), *extra,
+                                qb.access_ptr("r"), c(zy), c(lo), c(hi), c(lsh),
                                 outs[0].access_ptr("w", offset=n * c(oh * ow * O)))
         body = tirx.For(n, c(0), c(N), tirx.ForKind.SERIAL, tirx.Evaluate(call))
         return tirx.SeqStmt([tirx.AllocBuffer(patch), body])
@@ -193,6 +193,7 @@ def lower_depthwise_mve(k, node, x, G):
     if folded is None:
         return None
     mult, shift = linear_requant(tx, k.type(node.inputs[1]), ty, C)
+    lsh = int(np.max(shift) > 0)
     wt = np.ascontiguousarray(wc.T).astype(np.int8)
     qt = requant_table(folded, mult, shift, perm=dw_perm(C))
     pair = int(C == 8 and G["sw"] == 1)
@@ -212,7 +213,7 @@ def lower_depthwise_mve(k, node, x, G):
         call = tirx.call_extern("void", "kiln_mve_dw_s8", xb.access_ptr("r", offset=n * c(H * W * C)),
                                 c(H), c(W), c(C), c(G["KH"]), c(G["KW"]), c(G["sh"]), c(G["sw"]), c(G["pt"]),
                                 c(G["pl"]), c(G["dh"]), c(G["dw"]), c(oh), c(ow), c(zx), zrow.access_ptr("w"),
-                                wbuf.access_ptr("r"), qb.access_ptr("r"), c(zy), c(lo), c(hi), c(pair),
+                                wbuf.access_ptr("r"), qb.access_ptr("r"), c(zy), c(lo), c(hi), c(pair), c(lsh),
                                 outs[0].access_ptr("w", offset=n * c(oh * ow * C)))
         body = tirx.For(n, c(0), c(N), tirx.ForKind.SERIAL, tirx.Evaluate(call))
         return tirx.SeqStmt([tirx.AllocBuffer(zrow), body])

@@ -84,6 +84,23 @@ static inline int32x4_t kiln_mve_rq4(int32x4_t acc, const int32_t *qb, int32_t z
 }
 #endif
 
+#if KILN_HAVE_MVE
+/* kiln_mve_rq4 without VSHL when no channel has a left shift (lsh 0), and with the clamp as
+ * kiln_mve_clamp's saturating form when [lo, hi] is the whole int8 range */
+static inline int32x4_t kiln_mve_rq4f(int32x4_t acc, const int32_t *qb, int32_t zy, int32_t lo, int32_t hi,
+                                      int32_t lsh)
+{
+    const int32x4_t rneg = vld1q_s32(qb + 12);
+    int32x4_t v = vqrdmulhq_s32(lsh ? vshlq_s32(acc, vld1q_s32(qb + 8)) : acc, vld1q_s32(qb + 4));
+    v = vqaddq_s32(v, vshrq_n_s32(vandq_s32(v, rneg), 31));
+    v = vrshlq_s32(v, rneg);
+    if (lo == -128 && hi == 127) {
+        return vshrq_n_s32(vqshlq_n_s32(vqaddq_n_s32(v, zy), 24), 24);
+    }
+    return vminq_s32(vmaxq_s32(vaddq_n_s32(v, zy), vdupq_n_s32(lo)), vdupq_n_s32(hi));
+}
+#endif
+
 /* ---- conv2d (groups 1) as an int8 GEMM ---------------------------------------------------------
  * w: the (O, K) weights, O padded to Op (a multiple of 4) and K to Kp (a multiple of 16) with
  * zeros, stored per block of 4 output channels, per 16-wide chunk of the reduction, the 4
@@ -232,7 +249,7 @@ static inline void kiln_mve_store4(int8_t *y, int32x4_t v, int32_t left)
 /* kiln_mve_gemm1 for K <= 32: the pixel's (at most) two input vectors are loaded once for all
  * channel blocks */
 static inline void kiln_mve_gemm1_small(const int8_t *a, const int8_t *w, int32_t K, int32_t O, const int32_t *q,
-                                        int32_t zy, int32_t lo, int32_t hi, int8_t *y)
+                                        int32_t zy, int32_t lo, int32_t hi, int32_t lsh, int8_t *y)
 {
     const int8x16_t x0 = vldrbq_z_s8(a, vctp8q((uint32_t)K));
     if (K <= 16) {
@@ -241,7 +258,7 @@ static inline void kiln_mve_gemm1_small(const int8_t *a, const int8_t *w, int32_
             v = vsetq_lane_s32(vmladavq_s8(x0, vld1q_s8(w + 16)), v, 1);
             v = vsetq_lane_s32(vmladavq_s8(x0, vld1q_s8(w + 32)), v, 2);
             v = vsetq_lane_s32(vmladavq_s8(x0, vld1q_s8(w + 48)), v, 3);
-            kiln_mve_store4(y + o, kiln_mve_rq4(vaddq_s32(v, vld1q_s32(q)), q, zy, lo, hi), O - o);
+            kiln_mve_store4(y + o, kiln_mve_rq4f(vaddq_s32(v, vld1q_s32(q)), q, zy, lo, hi, lsh), O - o);
         }
         return;
     }
@@ -251,17 +268,17 @@ static inline void kiln_mve_gemm1_small(const int8_t *a, const int8_t *w, int32_
         v = vsetq_lane_s32(vmladavaq_s8(vmladavq_s8(x0, vld1q_s8(w + 16)), x1, vld1q_s8(w + 80)), v, 1);
         v = vsetq_lane_s32(vmladavaq_s8(vmladavq_s8(x0, vld1q_s8(w + 32)), x1, vld1q_s8(w + 96)), v, 2);
         v = vsetq_lane_s32(vmladavaq_s8(vmladavq_s8(x0, vld1q_s8(w + 48)), x1, vld1q_s8(w + 112)), v, 3);
-        kiln_mve_store4(y + o, kiln_mve_rq4(vaddq_s32(v, vld1q_s32(q)), q, zy, lo, hi), O - o);
+        kiln_mve_store4(y + o, kiln_mve_rq4f(vaddq_s32(v, vld1q_s32(q)), q, zy, lo, hi, lsh), O - o);
     }
 }
 #endif
 
 static void kiln_mve_gemm1(const int8_t *a, const int8_t *w, int32_t K, int32_t O, const int32_t *q, int32_t zy,
-                           int32_t lo, int32_t hi, int8_t *y)
+                           int32_t lo, int32_t hi, int32_t lsh, int8_t *y)
 {
 #if KILN_HAVE_MVE
     if (K <= 32) {
-        kiln_mve_gemm1_small(a, w, K, O, q, zy, lo, hi, y);
+        kiln_mve_gemm1_small(a, w, K, O, q, zy, lo, hi, lsh, y);
         return;
     }
     const int32_t kfull = K >> 4, ktail = K & 15;
@@ -290,9 +307,10 @@ static void kiln_mve_gemm1(const int8_t *a, const int8_t *w, int32_t K, int32_t 
         v = vsetq_lane_s32(s1, v, 1);
         v = vsetq_lane_s32(s2, v, 2);
         v = vsetq_lane_s32(s3, v, 3);
-        kiln_mve_store4(y + o, kiln_mve_rq4(vaddq_s32(v, vld1q_s32(q)), q, zy, lo, hi), O - o);
+        kiln_mve_store4(y + o, kiln_mve_rq4f(vaddq_s32(v, vld1q_s32(q)), q, zy, lo, hi, lsh), O - o);
     }
 #else
+    (void)lsh;
     const int32_t kc = (K + 15) >> 4;
     for (int32_t o = 0; o < O; o++) {
         const int8_t *wb = w + (o >> 2) * (kc << 6) + (o & 3) * 16;
@@ -418,14 +436,14 @@ static __attribute__((noinline)) void kiln_mve_gemm_grp_call(const int8_t *const
 static __attribute__((noinline, unused)) void kiln_mve_conv_s8(
     const int8_t *x, int32_t H, int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t sh, int32_t sw, int32_t pt,
     int32_t pl, int32_t oh, int32_t ow, int32_t zx, int8_t *patch, const int8_t *w, int32_t O, const int32_t *q,
-    int32_t zy, int32_t lo, int32_t hi, int8_t *y)
+    int32_t zy, int32_t lo, int32_t hi, int32_t lsh, int8_t *y)
 {
     const int32_t K = KH * KW * C;
     const int32_t direct = KH == 1 && KW == 1 && pt == 0 && pl == 0 && (oh - 1) * sh < H && (ow - 1) * sw < W;
     for (int32_t i = 0; i < oh; i++) {
         for (int32_t j = 0; j < ow; j++, y += O) {
             const int8_t *a = kiln_mve_patch(x, H, W, C, KH, KW, sh, sw, pt, pl, i, j, zx, patch, direct);
-            kiln_mve_gemm1(a, w, K, O, q, zy, lo, hi, y);
+            kiln_mve_gemm1(a, w, K, O, q, zy, lo, hi, lsh, y);
         }
     }
 }
@@ -483,11 +501,12 @@ static __attribute__((noinline, unused)) void kiln_mve_conv_grp_s8(
 #else
         (void)lsh;
         for (int32_t p = 0; p < P; p++) {
-            kiln_mve_gemm1(a[p], w, K, O, q, zy, lo, hi, y + p * O);
+            kiln_mve_gemm1(a[p], w, K, O, q, zy, lo, hi, lsh, y + p * O);
         }
 #endif
     }
 }
+
 
 /* ---- depthwise conv2d (depth multiplier 1) -------------------------------------------------------
  * w: (KH * KW, C) int8 (channels contiguous per tap), q: the requantisation table above (the
@@ -504,7 +523,7 @@ static __attribute__((noinline, unused)) void kiln_mve_conv_grp_s8(
  * accumulators holding channels {0,4,8,12}, {2,6,10,14}, {1,5,9,13}, {3,7,11,15}; the table is
  * in that order (kiln_mve_slot), the stores scatter the bytes back to channel order. */
 static inline void kiln_mve_dw16(const int8_t *const *tap, int32_t T, const int8_t *w, int32_t C, const int32_t *q,
-                                 int32_t zy, int32_t lo, int32_t hi, int8_t *y)
+                                 int32_t zy, int32_t lo, int32_t hi, int32_t lsh, int8_t *y)
 {
     const uint32x4_t off = vidupq_n_u32(0, 4);
     for (int32_t c = 0; c < C; c += 16, q += 64) {
@@ -518,17 +537,17 @@ static inline void kiln_mve_dw16(const int8_t *const *tap, int32_t T, const int8
             a2 = vaddq_s32(a2, vmovlbq_s16(po));
             a3 = vaddq_s32(a3, vmovltq_s16(po));
         }
-        vstrbq_scatter_offset_s32(y + c, off, kiln_mve_rq4(a0, q, zy, lo, hi));
-        vstrbq_scatter_offset_s32(y + c + 2, off, kiln_mve_rq4(a1, q + 16, zy, lo, hi));
-        vstrbq_scatter_offset_s32(y + c + 1, off, kiln_mve_rq4(a2, q + 32, zy, lo, hi));
-        vstrbq_scatter_offset_s32(y + c + 3, off, kiln_mve_rq4(a3, q + 48, zy, lo, hi));
+        vstrbq_scatter_offset_s32(y + c, off, kiln_mve_rq4f(a0, q, zy, lo, hi, lsh));
+        vstrbq_scatter_offset_s32(y + c + 2, off, kiln_mve_rq4f(a1, q + 16, zy, lo, hi, lsh));
+        vstrbq_scatter_offset_s32(y + c + 1, off, kiln_mve_rq4f(a2, q + 32, zy, lo, hi, lsh));
+        vstrbq_scatter_offset_s32(y + c + 3, off, kiln_mve_rq4f(a3, q + 48, zy, lo, hi, lsh));
     }
 }
 
 /* the same with C % 8 == 0: per 8 channels and tap, two widening loads to int16 and VMULLB/VMULLT.S16
  * into accumulators of channels {0,2,4,6} and {1,3,5,7} */
 static inline void kiln_mve_dw8(const int8_t *const *tap, int32_t T, const int8_t *w, int32_t C, const int32_t *q,
-                                int32_t zy, int32_t lo, int32_t hi, int8_t *y)
+                                int32_t zy, int32_t lo, int32_t hi, int32_t lsh, int8_t *y)
 {
     const uint32x4_t off = vidupq_n_u32(0, 2);
     for (int32_t c = 0; c < C; c += 8, q += 32) {
@@ -539,8 +558,8 @@ static inline void kiln_mve_dw8(const int8_t *const *tap, int32_t T, const int8_
             a0 = vaddq_s32(a0, vmullbq_int_s16(xv, wv));
             a1 = vaddq_s32(a1, vmulltq_int_s16(xv, wv));
         }
-        vstrbq_scatter_offset_s32(y + c, off, kiln_mve_rq4(a0, q, zy, lo, hi));
-        vstrbq_scatter_offset_s32(y + c + 1, off, kiln_mve_rq4(a1, q + 16, zy, lo, hi));
+        vstrbq_scatter_offset_s32(y + c, off, kiln_mve_rq4f(a0, q, zy, lo, hi, lsh));
+        vstrbq_scatter_offset_s32(y + c + 1, off, kiln_mve_rq4f(a1, q + 16, zy, lo, hi, lsh));
     }
 }
 #endif
@@ -548,11 +567,11 @@ static inline void kiln_mve_dw8(const int8_t *const *tap, int32_t T, const int8_
 static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
     const int8_t *x, int32_t H, int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t sh, int32_t sw, int32_t pt,
     int32_t pl, int32_t dh, int32_t dw, int32_t oh, int32_t ow, int32_t zx, int8_t *zrow, const int8_t *w,
-    const int32_t *q, int32_t zy, int32_t lo, int32_t hi, int32_t pair, int8_t *y)
+    const int32_t *q, int32_t zy, int32_t lo, int32_t hi, int32_t pair, int32_t lsh, int8_t *y)
 {
     const int8_t *tap[KILN_MVE_DW_MAX_TAPS];
     int32_t toff[KILN_MVE_DW_MAX_TAPS];
-    (void)pair;
+    (void)pair, (void)lsh;
     const int32_t T = KH * KW, perm = (C & 15) == 0 ? 16 : ((C & 7) == 0 ? 8 : 0);
     for (int32_t kh = 0, t = 0; kh < KH; kh++) {
         for (int32_t kw = 0; kw < KW; kw++, t++) {
@@ -573,7 +592,7 @@ static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
                     /* C = 8, stride 1 along W: this pixel and the next one, both inside, as one
                      * pixel of 16 channels (their taps and outputs are adjacent); weights and
                      * table for it follow the others (ops_mve.lower_depthwise_mve) */
-                    kiln_mve_dw16(tap, T, w + T * C, 16, q + 4 * C, zy, lo, hi, y);
+                    kiln_mve_dw16(tap, T, w + T * C, 16, q + 4 * C, zy, lo, hi, lsh, y);
                     j++;
                     y += C;
                     continue;
@@ -590,11 +609,11 @@ static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
             }
 #if KILN_HAVE_MVE
             if (perm == 16) {
-                kiln_mve_dw16(tap, T, w, C, q, zy, lo, hi, y);
+                kiln_mve_dw16(tap, T, w, C, q, zy, lo, hi, lsh, y);
                 continue;
             }
             if (perm == 8) {
-                kiln_mve_dw8(tap, T, w, C, q, zy, lo, hi, y);
+                kiln_mve_dw8(tap, T, w, C, q, zy, lo, hi, lsh, y);
                 continue;
             }
             for (int32_t c = 0; c < C; c += 4) {
