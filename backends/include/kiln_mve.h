@@ -303,10 +303,7 @@ static void kiln_mve_gemm1(const int8_t *a, const int8_t *w, int32_t K, int32_t 
             s3 = vmladavaq_s8(s3, xv, vld1q_s8(w + 48));
             w += 64;
         }
-        int32x4_t v = vdupq_n_s32(s0);
-        v = vsetq_lane_s32(s1, v, 1);
-        v = vsetq_lane_s32(s2, v, 2);
-        v = vsetq_lane_s32(s3, v, 3);
+        const int32x4_t v = kiln_mve_vec4(s0, s1, s2, s3);
         kiln_mve_store4(y + o, kiln_mve_rq4f(vaddq_s32(v, vld1q_s32(q)), q, zy, lo, hi, lsh), O - o);
     }
 #else
@@ -469,6 +466,40 @@ static __attribute__((noinline)) void kiln_mve_gemm_grp2_call(const int8_t *cons
  * pixel is the reduction), then kiln_mve_gemm_grp. patch: KILN_MVE_GROUP x K + 32 bytes of scratch
  * (unused when direct), so every patch may be read as whole 16-byte chunks; in place, only the
  * pixels whose chunks end inside the input. lsh: some channel has a left shift. */
+#if KILN_HAVE_MVE
+/* a 1x1 conv without padding: the group's pixels are read in place, 16-byte chunks only where they
+ * end inside the input (xend) */
+static __attribute__((noinline)) void kiln_mve_conv_grp_direct(const int8_t *x, const int8_t *xend, int32_t W,
+                                                               int32_t C, int32_t sh, int32_t sw, int32_t oh,
+                                                               int32_t ow, const int8_t *w, int32_t K, int32_t O,
+                                                               const int32_t *q, int32_t zy, int32_t lo, int32_t hi,
+                                                               int32_t lsh, int8_t *y)
+{
+    const int32_t npix = oh * ow;
+    const int8_t *a[KILN_MVE_GROUP];
+    int32_t i = 0, j = 0;
+    for (int32_t n = 0; n < npix; n += KILN_MVE_GROUP, y += KILN_MVE_GROUP * O) {
+        const int32_t P = npix - n < KILN_MVE_GROUP ? npix - n : KILN_MVE_GROUP;
+        for (int32_t p = 0; p < P; p++) {
+            a[p] = x + (i * sh * W + j * sw) * C;
+            if (++j == ow) {
+                j = 0;
+                i++;
+            }
+        }
+        int32_t Ps = P;
+        while (Ps > 0 && a[Ps - 1] + (K > 16 ? 32 : 16) > xend) {
+            Ps--;
+        }
+        if (K > 16) {
+            kiln_mve_gemm_grp2_call(a, P, Ps, w, K, O, q, zy, lo, hi, y, lsh);
+        } else {
+            kiln_mve_gemm_grp_call(a, P, Ps, w, K, O, q, zy, lo, hi, y, lsh);
+        }
+    }
+}
+#endif
+
 static __attribute__((noinline, unused)) void kiln_mve_conv_grp_s8(
     const int8_t *x, int32_t H, int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t sh, int32_t sw, int32_t pt,
     int32_t pl, int32_t oh, int32_t ow, int32_t zx, int8_t *patch, const int8_t *w, int32_t O, const int32_t *q,
@@ -476,27 +507,28 @@ static __attribute__((noinline, unused)) void kiln_mve_conv_grp_s8(
 {
     const int32_t K = KH * KW * C, npix = oh * ow;
     const int32_t direct = KH == 1 && KW == 1 && pt == 0 && pl == 0 && (oh - 1) * sh < H && (ow - 1) * sw < W;
+#if KILN_HAVE_MVE
+    if (direct) {
+        kiln_mve_conv_grp_direct(x, x + H * W * C, W, C, sh, sw, oh, ow, w, K, O, q, zy, lo, hi, lsh, y);
+        return;
+    }
+#endif
     const int8_t *a[KILN_MVE_GROUP];
     int32_t i = 0, j = 0;
     for (int32_t n = 0; n < npix; n += KILN_MVE_GROUP, y += KILN_MVE_GROUP * O) {
         const int32_t P = npix - n < KILN_MVE_GROUP ? npix - n : KILN_MVE_GROUP;
         for (int32_t p = 0; p < P; p++) {
-            a[p] = direct ? x + (i * sh * W + j * sw) * C
-                          : kiln_mve_patch(x, H, W, C, KH, KW, sh, sw, pt, pl, i, j, zx, patch + p * K, 0);
+            a[p] = kiln_mve_patch(x, H, W, C, KH, KW, sh, sw, pt, pl, i, j, zx, patch + p * K, direct);
             if (++j == ow) {
                 j = 0;
                 i++;
             }
         }
 #if KILN_HAVE_MVE
-        int32_t Ps = P;
-        while (direct && Ps > 0 && a[Ps - 1] + (K > 16 ? 32 : 16) > x + H * W * C) {
-            Ps--;
-        }
-        if (K > 16) {
-            kiln_mve_gemm_grp2_call(a, P, Ps, w, K, O, q, zy, lo, hi, y, lsh);
+        if (K > 16) {      /* patches: padded, every chunk may be read whole */
+            kiln_mve_gemm_grp2_call(a, P, P, w, K, O, q, zy, lo, hi, y, lsh);
         } else {
-            kiln_mve_gemm_grp_call(a, P, Ps, w, K, O, q, zy, lo, hi, y, lsh);
+            kiln_mve_gemm_grp_call(a, P, P, w, K, O, q, zy, lo, hi, y, lsh);
         }
 #else
         (void)lsh;
@@ -522,7 +554,7 @@ static __attribute__((noinline, unused)) void kiln_mve_conv_grp_s8(
  * VMULLB/VMULLT.S8 (exact int16 products of the even / odd channels) and four widening adds into
  * accumulators holding channels {0,4,8,12}, {2,6,10,14}, {1,5,9,13}, {3,7,11,15}; the table is
  * in that order (kiln_mve_slot), the stores scatter the bytes back to channel order. */
-static inline void kiln_mve_dw16(const int8_t *const *tap, int32_t T, const int8_t *w, int32_t C, const int32_t *q,
+static inline void kiln_mve_dw16(const int8_t *base, const int32_t *toff, int32_t T, const int8_t *w, int32_t C, const int32_t *q,
                                  int32_t zy, int32_t lo, int32_t hi, int32_t lsh, int8_t *y)
 {
     const uint32x4_t off = vidupq_n_u32(0, 4);
@@ -530,7 +562,7 @@ static inline void kiln_mve_dw16(const int8_t *const *tap, int32_t T, const int8
         int32x4_t a0 = vld1q_s32(q), a1 = vld1q_s32(q + 16), a2 = vld1q_s32(q + 32), a3 = vld1q_s32(q + 48);
         const int8_t *wp = w + c;
         for (int32_t t = 0; t < T; t++, wp += C) {
-            const int8x16_t xv = vld1q_s8(tap[t] + c), wv = vld1q_s8(wp);
+            const int8x16_t xv = vld1q_s8(base + toff[t] + c), wv = vld1q_s8(wp);
             const int16x8_t pe = vmullbq_int_s8(xv, wv), po = vmulltq_int_s8(xv, wv);
             a0 = vaddq_s32(a0, vmovlbq_s16(pe));
             a1 = vaddq_s32(a1, vmovltq_s16(pe));
@@ -546,7 +578,7 @@ static inline void kiln_mve_dw16(const int8_t *const *tap, int32_t T, const int8
 
 /* the same with C % 8 == 0: per 8 channels and tap, two widening loads to int16 and VMULLB/VMULLT.S16
  * into accumulators of channels {0,2,4,6} and {1,3,5,7} */
-static inline void kiln_mve_dw8(const int8_t *const *tap, int32_t T, const int8_t *w, int32_t C, const int32_t *q,
+static inline void kiln_mve_dw8(const int8_t *base, const int32_t *toff, int32_t T, const int8_t *w, int32_t C, const int32_t *q,
                                 int32_t zy, int32_t lo, int32_t hi, int32_t lsh, int8_t *y)
 {
     const uint32x4_t off = vidupq_n_u32(0, 2);
@@ -554,7 +586,7 @@ static inline void kiln_mve_dw8(const int8_t *const *tap, int32_t T, const int8_
         int32x4_t a0 = vld1q_s32(q), a1 = vld1q_s32(q + 16);
         const int8_t *wp = w + c;
         for (int32_t t = 0; t < T; t++, wp += C) {
-            const int16x8_t xv = vldrbq_s16(tap[t] + c), wv = vldrbq_s16(wp);
+            const int16x8_t xv = vldrbq_s16(base + toff[t] + c), wv = vldrbq_s16(wp);
             a0 = vaddq_s32(a0, vmullbq_int_s16(xv, wv));
             a1 = vaddq_s32(a1, vmulltq_int_s16(xv, wv));
         }
@@ -570,8 +602,10 @@ static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
     const int32_t *q, int32_t zy, int32_t lo, int32_t hi, int32_t pair, int32_t lsh, int8_t *y)
 {
     const int8_t *tap[KILN_MVE_DW_MAX_TAPS];
-    int32_t toff[KILN_MVE_DW_MAX_TAPS];
-    (void)pair, (void)lsh;
+    int32_t toff[KILN_MVE_DW_MAX_TAPS], boff[KILN_MVE_DW_MAX_TAPS];
+    /* taps as offsets from x (the MVE kernels read base + off[t]); a tap outside reads zrow */
+    const int32_t zoff = (int32_t)((intptr_t)zrow - (intptr_t)x);
+    (void)pair, (void)lsh, (void)boff;
     const int32_t T = KH * KW, perm = (C & 15) == 0 ? 16 : ((C & 7) == 0 ? 8 : 0);
     for (int32_t kh = 0, t = 0; kh < KH; kh++) {
         for (int32_t kw = 0; kw < KW; kw++, t++) {
@@ -584,38 +618,50 @@ static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
             const int32_t ih0 = i * sh - pt, iw0 = j * sw - pl;
             if (ih0 >= 0 && ih0 + (KH - 1) * dh < H && iw0 >= 0 && iw0 + (KW - 1) * dw < W) {
                 const int8_t *xb = x + (ih0 * W + iw0) * C;     /* every tap inside */
-                for (int32_t t = 0; t < T; t++) {
-                    tap[t] = xb + toff[t];
-                }
 #if KILN_HAVE_MVE
                 if (pair && j + 1 < ow && iw0 + 1 + (KW - 1) * dw < W) {
                     /* C = 8, stride 1 along W: this pixel and the next one, both inside, as one
                      * pixel of 16 channels (their taps and outputs are adjacent); weights and
                      * table for it follow the others (ops_mve.lower_depthwise_mve) */
-                    kiln_mve_dw16(tap, T, w + T * C, 16, q + 4 * C, zy, lo, hi, lsh, y);
+                    kiln_mve_dw16(xb, toff, T, w + T * C, 16, q + 4 * C, zy, lo, hi, lsh, y);
                     j++;
                     y += C;
                     continue;
                 }
+                if (perm == 16) {
+                    kiln_mve_dw16(xb, toff, T, w, C, q, zy, lo, hi, lsh, y);
+                    continue;
+                }
+                if (perm == 8) {
+                    kiln_mve_dw8(xb, toff, T, w, C, q, zy, lo, hi, lsh, y);
+                    continue;
+                }
 #endif
+                for (int32_t t = 0; t < T; t++) {
+                    tap[t] = xb + toff[t];
+                }
             } else {
                 for (int32_t kh = 0, t = 0; kh < KH; kh++) {
                     const int32_t ih = ih0 + kh * dh;
                     for (int32_t kw = 0; kw < KW; kw++, t++) {
                         const int32_t iw = iw0 + kw * dw;
-                        tap[t] = (ih < 0 || ih >= H || iw < 0 || iw >= W) ? zrow : x + (ih * W + iw) * C;
+                        const int32_t in = ih >= 0 && ih < H && iw >= 0 && iw < W;
+                        tap[t] = in ? x + (ih * W + iw) * C : zrow;
+                        boff[t] = in ? (ih * W + iw) * C : zoff;
                     }
                 }
+#if KILN_HAVE_MVE
+                if (perm == 16) {
+                    kiln_mve_dw16(x, boff, T, w, C, q, zy, lo, hi, lsh, y);
+                    continue;
+                }
+                if (perm == 8) {
+                    kiln_mve_dw8(x, boff, T, w, C, q, zy, lo, hi, lsh, y);
+                    continue;
+                }
+#endif
             }
 #if KILN_HAVE_MVE
-            if (perm == 16) {
-                kiln_mve_dw16(tap, T, w, C, q, zy, lo, hi, lsh, y);
-                continue;
-            }
-            if (perm == 8) {
-                kiln_mve_dw8(tap, T, w, C, q, zy, lo, hi, lsh, y);
-                continue;
-            }
             for (int32_t c = 0; c < C; c += 4) {
                 const mve_pred16_t pc = vctp32q((uint32_t)(C - c));
                 const int32_t *qb = q + 4 * c;
