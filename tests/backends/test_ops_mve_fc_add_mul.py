@@ -113,7 +113,7 @@ def test_fc_equals_int8_reference(lib, rows, K, N, per_channel, act, big, seed):
     want = dense_int8([x, w, b], attrs, [tx, tw, tb], ty)
     ws = np.broadcast_to(np.asarray(tw.quant.scale), (N,))
     p = prepare_fc(w, b, tx.quant.zero_point[0], tx.quant.scale[0], ws, ty.quant.scale[0], ty.quant.zero_point[0], act)
-    assert (p["c2"] == 0) == big
+    assert p["c2"] == 0 or not big          # big: multipliers above 1/2, the exact path for every lane
     y = np.zeros((rows, N), np.int8)
     lib.fc(_p(x, ctypes.c_int8), rows, K, N, _p(p["w"], ctypes.c_int8), _p(p["bias"]), _p(p["m"]), _p(p["rq"]),
            p["mstep"], ctypes.c_uint32(p["c1"]), ctypes.c_uint32(p["c2"]), ty.quant.zero_point[0], p["lo"], p["hi"],
