@@ -1,13 +1,16 @@
 """Helium (MVE) lowerings for cores with the M-profile Vector Extension (the Cortex-M55):
-int8 conv2d (groups 1) as a GEMM with VMLADAVA and int8 depthwise conv with channels across the
-vector lanes, both requantising with VQRDMULH and a rounding shift (``kiln_mve.h``, which also
-holds the portable C versions a host build of the same package runs).
+int8 conv2d (groups 1) as a GEMM with VMLADAVA (16 output pixels per channel block for reductions
+of at most 32), int8 depthwise conv with channels across the vector lanes and average pooling,
+all requantising with VQRDMULH and a rounding shift, plus the constants of the int8 ADD and MUL
+kernels (``lower_binary_mve``; ``ops_helium.py`` claims those ops and FULLY_CONNECTED). The
+kernels are in ``kiln_mve.h``, which also holds the portable C versions a host build of the same
+package runs.
 
 Each lowering returns None when it does not apply (weights or bias not compile-time constants,
 an input that is not a kernel argument, dilation in a regular conv, a depth multiplier other
-than 1, a folded bias beyond int32), and ``ops_nn.lower_conv2d`` goes on with the DSP kernels.
-Prepare (packing, the folded bias, the requantisation table) happens here at compile time; the
-kernels only compute.
+than 1, a folded bias beyond int32, broadcasting operands), and the generic or DSP lowering goes
+on. Prepare (packing, the folded bias, the requantisation table) happens here at compile time;
+the kernels only compute.
 """
 from __future__ import annotations
 

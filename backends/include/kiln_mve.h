@@ -1,7 +1,8 @@
 /* Kiln's Helium (MVE, Armv8.1-M M-profile Vector Extension) int8 kernels for the Cortex-M55:
  * conv2d (groups 1) as an int8 GEMM with VMLADAVA, depthwise conv with channels across the
- * vector lanes, and TFLite's MultiplyByQuantizedMultiplier as VQRDMULH + a rounding shift.
- * backends/ops_mve.py lowers to them and packs their constants at compile time.
+ * vector lanes, average pooling, batch-1 FULLY_CONNECTED, ADD and MUL, and TFLite's
+ * MultiplyByQuantizedMultiplier as VQRDMULH + a rounding shift. backends/ops_mve.py and
+ * backends/ops_helium.py lower to them and pack their constants at compile time.
  *
  * Every kernel has a portable C version (hosts, and cores without MVE) that computes the same
  * int32 accumulators and the same requantisation, so a package compiled for the Cortex-M55 runs
