@@ -14,12 +14,18 @@ memcheck and racecheck (benchmarks/gpu_check.py). Writes a Markdown table.
 
     python benchmarks/gpu_bench.py --models digits-cnn,resnet8 --markdown gpu.md [--arch sm_90] [--sanitize]
 
+On a GPU server without TVM, time the packages that `benchmarks/gpu_check.py --prepare DIR` built
+elsewhere (each is checked against its float64 bounds first, as gpu_check does):
+
+    python3 benchmarks/gpu_bench.py --packages DIR --markdown gpu.md [--modes eager]
+
 Needs an NVIDIA GPU, CuPy and a CUDA build of PyTorch. Not run in CI (no GPU there): the numbers
 in docs/ come only from a run of this script on a named GPU.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -140,20 +146,26 @@ def main(argv=None):
                    help="keep the temporary folder with the CUDA packages (removed by default)")
     p.add_argument("--sanitize", action="store_true",
                    help="also run a zoo training step and inference under compute-sanitizer memcheck and racecheck")
+    p.add_argument("--packages", metavar="DIR",
+                   help="time the packages in DIR (made by benchmarks/gpu_check.py --prepare) instead of compiling "
+                        "them: no TVM needed")
+    p.add_argument("--modes", default="eager,compile", help="PyTorch modes to time (default: eager,compile)")
     a = p.parse_args(argv)
+    if a.packages:
+        gpu_check._import_runner()       # Kiln from this checkout where it is not installed
     import torch
 
     from kiln.backends.cuda_runner import probe
     cupy, cc = probe(a.arch or "sm_50")
     arch = a.arch or f"sm_{cc}"
     gpu = torch.cuda.get_device_name()
-    work = tempfile.mkdtemp(prefix="kiln-gpu-bench-")
+    work = a.packages or tempfile.mkdtemp(prefix="kiln-gpu-bench-")
     try:
         rows = _bench_all(a, arch, work)
     finally:
-        if a.keep:
+        if a.keep and not a.packages:
             print(f"CUDA packages kept in {work}", file=sys.stderr)
-        else:
+        elif not a.packages:
             shutil.rmtree(work, ignore_errors=True)
     _report(rows, a, arch, gpu, torch, cupy)
     if a.sanitize:
@@ -170,18 +182,36 @@ def _sanitize():
         return subprocess.run([sys.executable, gpu_check.__file__, d, "--iters", "0"]).returncode
 
 
+CASES = (("b1", 1, False), ("b64", 64, False), ("train", 64, True))
+
+
+def prepared_case(folder, model, key, dtype, iters):
+    """(ms, max error) of a package gpu_check.py --prepare built, checked against its float64 bounds."""
+    with open(os.path.join(folder, "cases.json")) as f:
+        cases = {c["case"]: c for c in json.load(f)}
+    name = f"{model}-{key}-{dtype}"
+    if name not in cases:
+        raise SystemExit(f"{folder}/cases.json has no case {name!r}: prepare it with benchmarks/gpu_check.py "
+                         f"--prepare {folder} --models {model} --cases {key} --dtypes {dtype}")
+    rec = gpu_check.check_case(gpu_check._import_runner(), folder, cases[name], iters)
+    if not rec["ok"]:
+        raise AssertionError(f"{name}: {rec}")
+    return rec["ms"], rec["plain_err"]
+
+
 def _bench_all(a, arch, work):
     rows = []
     for m in a.models.split(","):
         m = m.strip()
         r = {"model": m}
-        r["kiln_b1_ms"], r["err_b1"], _ = kiln_case(m, 1, False, arch, a.dtype, work, a.iters)
-        r["kiln_b64_ms"], r["err_b64"], _ = kiln_case(m, 64, False, arch, a.dtype, work, a.iters)
-        r["kiln_train_ms"], r["err_train"], _ = kiln_case(m, 64, True, arch, a.dtype, work, a.iters)
-        for mode in ("eager", "compile"):
-            r[f"{mode}_b1_ms"] = torch_case(m, 1, False, mode, a.iters)
-            r[f"{mode}_b64_ms"] = torch_case(m, 64, False, mode, a.iters)
-            r[f"{mode}_train_ms"] = torch_case(m, 64, True, mode, a.iters)
+        for key, batch, train in CASES:
+            if a.packages:
+                r[f"kiln_{key}_ms"], r[f"err_{key}"] = prepared_case(a.packages, m, key, a.dtype, a.iters)
+            else:
+                r[f"kiln_{key}_ms"], r[f"err_{key}"], _ = kiln_case(m, batch, train, arch, a.dtype, work, a.iters)
+            for mode in ("eager", "compile"):
+                r[f"{mode}_{key}_ms"] = (torch_case(m, batch, train, mode, a.iters) if mode in a.modes.split(",")
+                                         else float("nan"))
         rows.append(r)
         print(r, flush=True)
     return rows
