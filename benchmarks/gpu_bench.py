@@ -150,13 +150,18 @@ def main(argv=None):
                    help="time the packages in DIR (made by benchmarks/gpu_check.py --prepare) instead of compiling "
                         "them: no TVM needed")
     p.add_argument("--modes", default="eager,compile", help="PyTorch modes to time (default: eager,compile)")
+    p.add_argument("--cases", default="b1,b64,train", help="cases to run (default: b1,b64,train)")
     a = p.parse_args(argv)
     if a.packages:
         gpu_check._import_runner()       # Kiln from this checkout where it is not installed
     import torch
 
-    from kiln.backends.cuda_runner import probe
-    cupy, cc = probe(a.arch or "sm_50")
+    from kiln.backends.cuda_runner import CudaUnavailable, probe
+    try:
+        cupy, cc = probe(a.arch or "sm_50")
+    except CudaUnavailable as e:
+        print(f"gpu_bench: {e}", file=sys.stderr)
+        return 2
     arch = a.arch or f"sm_{cc}"
     gpu = torch.cuda.get_device_name()
     work = a.packages or tempfile.mkdtemp(prefix="kiln-gpu-bench-")
@@ -205,6 +210,8 @@ def _bench_all(a, arch, work):
         m = m.strip()
         r = {"model": m}
         for key, batch, train in CASES:
+            if key not in a.cases.split(","):
+                continue
             if a.packages:
                 r[f"kiln_{key}_ms"], r[f"err_{key}"] = prepared_case(a.packages, m, key, a.dtype, a.iters)
             else:
@@ -221,12 +228,14 @@ def _report(rows, a, arch, gpu, torch, cupy):
     head = ("| model | b1 latency ms: Kiln / eager / compile | b64 img/s: Kiln / eager / compile | "
             "train step b64 ms: Kiln / eager / compile | Kiln max rel err |\n|---|---|---|---|---|")
     lines = [head]
+
+    def cell(r, key, fmt, f=lambda v: v):
+        vals = [r.get(f"{k}_{key}_ms") for k in ("kiln", "eager", "compile")]
+        return " / ".join("—" if v is None or v != v else format(f(v), fmt) for v in vals)
     for r in rows:
-        ips = {k: 64e3 / r[f"{k}_b64_ms"] for k in ("kiln", "eager", "compile")}
-        lines.append(f"| {r['model']} | {r['kiln_b1_ms']:.3f} / {r['eager_b1_ms']:.3f} / {r['compile_b1_ms']:.3f} | "
-                     f"{ips['kiln']:.0f} / {ips['eager']:.0f} / {ips['compile']:.0f} | "
-                     f"{r['kiln_train_ms']:.2f} / {r['eager_train_ms']:.2f} / {r['compile_train_ms']:.2f} | "
-                     f"{max(r['err_b1'], r['err_b64'], r['err_train']):.1e} |")
+        errs = [v for k, v in r.items() if k.startswith("err_")]
+        lines.append(f"| {r['model']} | {cell(r, 'b1', '.3f')} | {cell(r, 'b64', '.0f', lambda v: 64e3 / v)} | "
+                     f"{cell(r, 'train', '.2f')} | {max(errs):.1e} |")
     out = "\n".join(lines) + f"\n\nGPU: {gpu} ({arch}), dtype {a.dtype}, torch {torch.__version__}, CuPy {cupy.__version__}.\n"
     print(out)
     if a.markdown:

@@ -231,3 +231,15 @@ def test_zoo_packages_under_compute_sanitizer(tmp_path):
     assert [(s["case"], s["tool"]) for s in rep["sanitizer"]] == [
         ("digits-cnn-train-float32", "memcheck"), ("digits-cnn-train-float32", "racecheck"),
         ("ds-cnn-b64-float32", "memcheck"), ("ds-cnn-b64-float32", "racecheck")]
+
+
+def test_gpu_bench_times_prepared_packages_or_says_why_not(prepared):
+    """gpu_bench --packages runs what gpu_check --prepare built (a GPU server needs no TVM); without
+    a GPU it exits 2 saying what is missing instead of a traceback."""
+    bench = os.path.join(gpu_check.ROOT, "benchmarks", "gpu_bench.py")
+    p = subprocess.run([sys.executable, bench, "--packages", prepared, "--models", "digits-cnn", "--iters", "2",
+                        "--cases", "b1", "--modes", "eager"], capture_output=True, text=True)
+    if p.returncode == 2:
+        assert "gpu_bench: " in p.stderr and "Traceback" not in p.stderr
+    else:                                       # a GPU: the one model's row is in the table
+        assert p.returncode == 0 and "| digits-cnn |" in p.stdout, p.stdout + p.stderr
