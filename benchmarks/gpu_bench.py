@@ -217,8 +217,12 @@ def _bench_all(a, arch, work):
             else:
                 r[f"kiln_{key}_ms"], r[f"err_{key}"], _ = kiln_case(m, batch, train, arch, a.dtype, work, a.iters)
             for mode in ("eager", "compile"):
-                r[f"{mode}_{key}_ms"] = (torch_case(m, batch, train, mode, a.iters) if mode in a.modes.split(",")
-                                         else float("nan"))
+                r[f"{mode}_{key}_ms"] = float("nan")
+                if mode in a.modes.split(","):
+                    try:
+                        r[f"{mode}_{key}_ms"] = torch_case(m, batch, train, mode, a.iters)
+                    except Exception as e:  # noqa: BLE001 - the baseline failing is reported, Kiln's row stays
+                        print(f"gpu_bench: PyTorch {mode} {m} {key}: {type(e).__name__}: {e}", file=sys.stderr)
         rows.append(r)
         print(r, flush=True)
     return rows
