@@ -19,6 +19,7 @@ from . import (  # noqa: F401
     quant,
     rearrange,
     recurrent,
+    recurrent_16x8,
     recurrent_quant,
     recurrent_tflite,
     reduce_shape,

@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..types import QParams, TensorType
 from . import tflite_util as tfl
+from .int16util import symmetric16
 
 NAME = "UNIDIRECTIONAL_SEQUENCE_LSTM"
 # TFLite input position of each Kiln lstm input (after x): weights, recurrent weights, biases, states
@@ -73,13 +74,20 @@ def _state(imp, k, i, n_elems, shape):
 
 def _dtypes(imp, k, ins, x_dtype):
     w = tfl.where(k, NAME)
-    want = ["float32"] * 12 + ["float32"] * 2 if x_dtype == "float32" else ["int8"] * 8 + ["int32"] * 4 + ["int8", "int16"]
+    want = {"float32": ["float32"] * 14, "int8": ["int8"] * 8 + ["int32"] * 4 + ["int8", "int16"],
+            "int16": ["int8"] * 8 + ["int64"] * 4 + ["int16", "int16"]}.get(x_dtype)
+    if want is None:
+        raise imp.err(f"{w}: input {imp.label(ins[0])} is {x_dtype}; Kiln imports float32, int8 and int16 (16x8) LSTMs")
+    kinds = {"float32": "a hybrid (float input, int8 weights) LSTM is not supported",
+             "int8": "TFLite's integer LSTM takes int8 weights, int32 biases, an int8 output state and an int16 cell "
+                     "state",
+             "int16": "TFLite Micro's 16x8 LSTM takes int8 weights, int64 biases, int16 output and cell states"}
     for j, d in zip(_POS, want):
         t = imp.tensors[ins[j]]
         if t["dtype"] != d:
-            kind = "a hybrid (float input, int8 weights) LSTM is not supported" if x_dtype == "float32" else \
-                "TFLite's integer LSTM takes int8 weights, int32 biases, an int8 output state and an int16 cell state"
-            raise imp.err(f"{w}: input {j} {imp.label(ins[j])} is {t['dtype']}, expected {d} ({kind})")
+            raise imp.err(f"{w}: input {j} {imp.label(ins[j])} is {t['dtype']}, expected {d} ({kinds[x_dtype]})")
+    if x_dtype == "int16":
+        symmetric16(imp.err, w, [(f"input {j} {imp.label(ins[j])}", imp.tensors[ins[j]]["quant"]) for j in (0, 18, 19)])
 
 
 def _hidden_quant(imp, k, op, out):
@@ -135,7 +143,7 @@ def _intermediates(e, n, out_t):
     names = ("input_to_input", "input_to_forget", "input_to_cell", "input_to_output")
     idx = [e.tensor(e._fresh(f"{n.name}/{s}_intermediate"), TensorType((0,), "float32")) for s in names]
     q = QParams((out_t.quant.scale[0],), (out_t.quant.zero_point[0],))
-    idx.append(e.tensor(e._fresh(f"{n.name}/effective_hidden_scale_intermediate"), TensorType((0,), "int8", q)))
+    idx.append(e.tensor(e._fresh(f"{n.name}/effective_hidden_scale_intermediate"), TensorType((0,), out_t.dtype, q)))
     return idx
 
 

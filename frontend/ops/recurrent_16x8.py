@@ -1,0 +1,137 @@
+"""The 16x8 ``lstm``: TFLite Micro's ``EvalLstm<int16_t, int8_t, int16_t, int64_t>``
+(``micro/kernels/lstm_eval.h``, ``lstm_eval_common.cc``): int16 input, output and output state
+(zero point 0), symmetric int8 weights (one scale per tensor), int64 biases, an int16 cell state.
+
+LiteRT has no 16x8 UNIDIRECTIONAL_SEQUENCE_LSTM (its kernel takes int8 or float activations), so
+TFLite Micro's kernel is the definition. Per step and gate (forget, input, cell, output)::
+
+    fx = clamp16(MBQM64(x W_x^T + b, m_x))      m_x from s_x * s_w_x / 2**-12 (double)
+    fh = clamp16(MBQM64(h W_h^T, m_h))          m_h from s_h * s_w_h / 2**-12
+    gate = sigmoid16(sat16(fx + fh))            the cell gate: tanh16; both TFLite's int16
+                                                LOGISTIC / TANH tables on Q3.12
+    c = sat16(clamp16(MBQM(f * c, m_fc)) + clamp16(MBQM(i * g, m_ig)))   (clipped when cell_clip > 0)
+    h = clamp16(MBQM(tanh16(c) * o, m_h_out) + z_h)
+
+``MBQM64`` is the 16x8 fully-connected requantisation (int64 accumulator, 16-bit multiplier),
+``MBQM`` the int32 one of the element-wise multiplications; the multipliers come from double
+scales: ``m_fc`` from ``2**-15 * s_c / s_c``, ``m_ig`` from ``2**-30 / s_c``, ``m_h_out`` from
+``2**-30 / s_h``. The cell tanh reads the cell as Q(15 + log2 s_c).(-log2 s_c) (log2 rounded as
+TFLite's ``CheckedLog2``). Peephole, projection, layer-norm and CIFG LSTMs are not supported by
+TFLite Micro's kernel; the importer refuses them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import fixedpoint as fp
+from ..errors import ShapeError
+from .int8util import per_tensor
+from .int16util import INT16, checked_log2, int16_branch, logistic16, mbqm64, tanh16
+from .recurrent import GATES, LSTM_INPUTS
+
+GATE_IN_SCALE = np.float32(2.0 ** -12)          # Q3.12, the activations' input
+GATE_OUT_SCALE = np.float32(2.0 ** -15)         # Q0.15, the activations' output
+
+
+def _sat16(v):
+    return np.clip(v, -32768, 32767)
+
+
+def _check_types(in_types, out_type):
+    want = {0: INT16, 13: INT16, 14: INT16}
+    want.update({j: "int8" for j in range(1, 9)})
+    want.update({j: "int64" for j in range(9, 13)})
+    for j, d in want.items():
+        if in_types[j].dtype != d:
+            raise ShapeError(f"lstm: the 16x8 LSTM takes int16 activations and states, int8 weights and int64 "
+                             f"biases; {LSTM_INPUTS[j]} is {in_types[j]}")
+    if out_type.dtype != INT16:
+        raise ShapeError(f"lstm: the 16x8 LSTM's output is int16, got {out_type}")
+    for j, what in ((0, "input x"), (13, "output state h0"), (14, "cell state c0")):
+        if per_tensor(in_types[j], what, "lstm")[1] != 0:
+            raise ShapeError(f"lstm: the 16x8 LSTM's {what} must have zero point 0 (symmetric int16), "
+                             f"got {in_types[j]}")
+    if per_tensor(out_type, "output", "lstm") != per_tensor(in_types[13], "output state h0", "lstm"):
+        raise ShapeError(f"lstm: the output state h0 {in_types[13]} and the output {out_type} must share "
+                         f"quantisation (the output state is the previous step's output)")
+
+
+def _fc_multiplier(s_in, t_w, what):
+    s_w, z_w = per_tensor(t_w, what, "lstm")
+    if z_w != 0:
+        raise ShapeError(f"lstm: {what} must be symmetric int8 (zero point 0), got {t_w}")
+    # CalculateOpDataFullyConnected -> GetQuantizedConvolutionMultipler: double product and quotient
+    return fp.quantize_multiplier(float(np.float32(s_in)) * float(np.float32(s_w)) / float(GATE_IN_SCALE))
+
+
+def _mul_multiplier(s1, s2, s_out):
+    """CreateInterGateMulParams: the double product of two float scales over a float scale."""
+    return fp.quantize_multiplier(float(np.float32(s1)) * float(np.float32(s2)) / float(np.float32(s_out)))
+
+
+def lstm_16x8_params(in_types, out_type, clip):
+    """What TFLite Micro's Prepare computes: the 8 FC multipliers, the 3 element-wise multiplication
+    multipliers, the cell tanh's input multiplier and shift, the quantised cell clip."""
+    _check_types(in_types, out_type)
+    s_x = per_tensor(in_types[0], "input x", "lstm")[0]
+    s_h = per_tensor(in_types[13], "output state h0", "lstm")[0]
+    s_c = per_tensor(in_types[14], "cell state c0", "lstm")[0]
+    p = {"mx": [_fc_multiplier(s_x, in_types[1 + k], f"input weights of gate {GATES[k]}") for k in range(4)],
+         "mh": [_fc_multiplier(s_h, in_types[5 + k], f"recurrent weights of gate {GATES[k]}") for k in range(4)],
+         "fc": _mul_multiplier(GATE_OUT_SCALE, s_c, s_c),
+         "ig": _mul_multiplier(GATE_OUT_SCALE, GATE_OUT_SCALE, s_c),
+         "ho": _mul_multiplier(GATE_OUT_SCALE, GATE_OUT_SCALE, s_h)}
+    power = checked_log2(s_c)[1]                     # TFLite Micro does not require a power of two
+    if not -27 <= power <= 0:
+        raise ShapeError(f"lstm: cell state scale {s_c} (about 2**{power}) is out of range: the 16x8 kernel's tanh "
+                         f"shifts the cell by 12 + log2 scale, which int32 holds for 2**-27 .. 2**0")
+    shift = 15 + power - 3
+    p["tanh"] = (0, shift) if shift >= 0 else (3, -shift)
+    p["power"] = power
+    # CreateLstmCellStateInfo: static_cast<int16_t>(min(max(double clip / double scale, -32768), 32767))
+    p["clip"] = int(min(max(float(np.float32(clip)) / float(np.float32(s_c)), -32768.0), 32767.0)) if clip > 0 else 0
+    return p
+
+
+def _fc(v, w, bias, m):
+    acc = v.astype(np.int64) @ w.astype(np.int64).T
+    if bias is not None:
+        acc = acc + bias
+    return _sat16(mbqm64(acc, *m))
+
+
+def _mul(a, b, m):
+    return _sat16(fp.multiply_by_quantized_multiplier(a * b, *m))
+
+
+def step_16x8(p, xt, h, c, wx, wh, b):
+    """One time step on int64 arrays [N, I], [N, H], [N, H]: (new h, new c)."""
+    gates = []
+    for k in range(4):
+        pre = _sat16(_fc(xt, wx[k], b[k], p["mx"][k]) + _fc(h, wh[k], None, p["mh"][k]))
+        gates.append(tanh16(pre, 0, 0) if k == 2 else logistic16(pre, 0, 0))
+    i, f, g, o = (v.astype(np.int64) for v in gates)
+    c = _sat16(_mul(f, c, p["fc"]) + _mul(i, g, p["ig"]))
+    if p["clip"] > 0:
+        c = np.clip(c, -p["clip"], p["clip"])
+    tc = tanh16(c, *p["tanh"]).astype(np.int64)
+    h = _sat16(_mul(tc, o, p["ho"]))                 # the int16 hidden state's zero point is 0
+    return h, c
+
+
+def lstm_16x8(xs, attrs, in_types, out_type):
+    p = lstm_16x8_params(in_types, out_type, attrs["cell_clip"])
+    x = xs[0].astype(np.int64)
+    xb = np.swapaxes(x, 0, 1) if attrs["time_major"] else x
+    wx, wh = xs[1:5], xs[5:9]
+    b = [v.astype(np.int64) for v in xs[9:13]]
+    h, c = xs[13].astype(np.int64), xs[14].astype(np.int64)
+    out = np.zeros(xb.shape[:2] + (wx[0].shape[0],), np.int64)
+    for t in range(xb.shape[1]):
+        h, c = step_16x8(p, xb[:, t], h, c, wx, wh, b)
+        out[:, t] = h
+    out = np.swapaxes(out, 0, 1) if attrs["time_major"] else out
+    return np.ascontiguousarray(out).astype(np.int16)
+
+
+int16_branch("lstm", lstm_16x8)
