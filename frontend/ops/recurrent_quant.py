@@ -12,6 +12,10 @@ as TensorFlow's converter quantises a Keras LSTM:
   the kernel's 2**-21 .. 2**-9;
 - the converter's five intermediates are written by the exporter (recurrent_tflite.py).
 
+``activations="int16"`` gives TFLite Micro's 16x8 LSTM instead: int16 symmetric input and output
+(scale max|range| / 32767, zero point 0), the same int8 weights and power-of-two int16 cell state,
+int64 biases with scale ``s_x * s_w``.
+
 The cell state is internal to the op: calibration records it through ``observe`` (every step's c).
 """
 from __future__ import annotations
@@ -20,7 +24,7 @@ import math
 
 import numpy as np
 
-from ..int8_convert import QuantizationError, qparams_from_range, quantize_weights
+from ..int8_convert import QuantizationError, qparams16_from_range, qparams_from_range, quantize_weights
 from ..registry import Quant, get_op
 from ..types import QParams
 from .recurrent import GATES, _clip, _sigmoid
@@ -53,9 +57,9 @@ def _const(conv, name, data, qp):
 
 
 def _lstm_convert(conv, n, dt):
-    if dt != "int8":
-        raise QuantizationError(f"node {n.name!r}: lstm quantises to TFLite's 8x8_16 integer LSTM (int8 "
-                                f"activations); 16x8 LSTMs are not supported")
+    if dt not in ("int8", "int16"):
+        raise QuantizationError(f"node {n.name!r}: lstm quantises to int8 (TFLite's 8x8_16 LSTM) or int16 "
+                                f"(TFLite Micro's 16x8 LSTM) activations, not {dt}")
     tensors = conv.tensors
     missing = [v for v in n.inputs[1:] if v not in tensors]
     if missing:
@@ -66,7 +70,7 @@ def _lstm_convert(conv, n, dt):
     if n.name not in conv.ranges or f"{n.name}:cell" not in conv.ranges:
         raise QuantizationError(f"node {n.name!r}: no calibration range for the lstm output or its cell state")
     m = max(abs(v) for v in conv.ranges[n.name])
-    hq = qparams_from_range(-m, m)
+    hq = qparams_from_range(-m, m) if dt == "int8" else qparams16_from_range(-m, m)
     cq = cell_qparams(*conv.ranges[f"{n.name}:cell"])
     ins = [x]
     scales = []
@@ -74,14 +78,16 @@ def _lstm_convert(conv, n, dt):
         wq, wqp = quantize_weights(tensors[v], per_channel=False)
         scales.append(wqp.scale[0])
         ins.append(_const(conv, f"{v}_int8", wq, wqp))
+    bdt, blim = ("int32", 1 << 31) if dt == "int8" else ("int64", 1 << 40)
     for k, v in enumerate(n.inputs[9:13]):
         bs = float(np.float32(np.float32(s_x) * np.float32(scales[k])))
-        bq = np.clip(np.round(np.asarray(tensors[v], np.float64) / bs), -(1 << 31), (1 << 31) - 1).astype(np.int32)
-        ins.append(_const(conv, f"{v}_int32_{GATES[k]}", bq, QParams((bs,), (0,))))
-    for v, qp, dtype, lim in ((n.inputs[13], hq, "int8", 127), (n.inputs[14], cq, "int16", 32767)):
+        bq = np.clip(np.round(np.asarray(tensors[v], np.float64) / bs), -blim, blim - 1).astype(bdt)
+        ins.append(_const(conv, f"{v}_{bdt}_{GATES[k]}", bq, QParams((bs,), (0,))))
+    for v, qp, sdt in ((n.inputs[13], hq, dt), (n.inputs[14], cq, "int16")):
         s, z = qp.scale[0], qp.zero_point[0]
-        data = np.clip(np.round(np.asarray(tensors[v], np.float64) / s) + z, -lim - 1, lim).astype(dtype)
-        ins.append(_const(conv, f"{v}_{dtype}", data, qp))
+        info = np.iinfo(sdt)
+        data = np.clip(np.round(np.asarray(tensors[v], np.float64) / s) + z, info.min, info.max).astype(sdt)
+        ins.append(_const(conv, f"{v}_{sdt}", data, qp))
     return ins, hq
 
 

@@ -12,7 +12,6 @@ import pytest
 import kiln.frontend as kf
 from kiln.backends import compile as compile_pkg
 from kiln.frontend import run
-from kiln.frontend.int8_convert import QuantizationError
 from kiln.frontend.ops.recurrent_quant import cell_qparams
 from kiln.frontend.tflite_import import load_tflite
 from kiln.quantize import ptq
@@ -113,12 +112,6 @@ def test_cell_scale_is_a_power_of_two_within_the_kernels_range():
     assert cell_qparams(-0.3, 0.2).scale[0] == 2.0 ** -16
     assert cell_qparams(0.0, 1e-9).scale[0] == 2.0 ** -21      # bounded by the kernel's tanh
     assert cell_qparams(-1e6, 0).scale[0] == 2.0 ** -9
-
-
-def test_16x8_lstm_is_refused_by_name():
-    g = load_tflite(os.path.join(DATA, "trained_lstm.tflite"))
-    with pytest.raises(QuantizationError, match="8x8_16 integer LSTM"):
-        ptq(g, _calibration(4), activations="int16")
 
 
 @pytest.mark.parametrize("clip,int8_io", [(0.0, True), (0.8, False)])
