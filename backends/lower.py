@@ -377,5 +377,7 @@ def int16_bias_reader(k, value):
     """Whether ``value`` (an int64 constant) is the bias of a 16x8 conv2d/dense node that the
     current node is: its C rule (backends/ops_nn.py, ops_int16.py) reads it at compile time."""
     n = k.node
+    if n is not None and n.op == "lstm":           # the 16x8 LSTM's gate biases (ops_recurrent_int16.py)
+        return value in n.inputs[9:13] and k.type(n.inputs[0]).dtype == "int16"
     return (n is not None and n.op in ("conv2d", "dense", "transpose_conv2d") and len(n.inputs) == 3
             and n.inputs[2] == value and k.type(n.inputs[0]).dtype == "int16")

@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     ops_misc,
     ops_nn,
     ops_recurrent,
+    ops_recurrent_int16,
     ops_shape,
     ops_svdf,
 )

@@ -3,6 +3,7 @@ equals TensorFlow Lite Micro's UNIDIRECTIONAL_SEQUENCE_LSTM (the ``tflite-micro`
 interpreter, its reference kernels) bit for bit on random single-op models written by Kiln's
 exporter; the files import back; the importer refuses what TFLite Micro's kernel cannot run.
 LiteRT has no 16x8 LSTM (its Prepare refuses int64 biases), so TFLite Micro is the oracle."""
+import copy
 import os
 
 import numpy as np
@@ -29,6 +30,14 @@ def tflm_run(model: bytes, *xs):
         it.set_input(x, k)
     it.invoke()
     return it.get_output(0)
+
+
+def upto(g, name):
+    """A copy of g that ends at node ``name`` (its output the graph's only output)."""
+    h = copy.deepcopy(g)
+    h.nodes = h.nodes[:[n.name for n in h.nodes].index(name) + 1]
+    h.outputs = [name]
+    return h
 
 
 def lstm16_graph(rng, n, t, i, h, time_major=False, cell_clip=0.0, cell_log2=-11, w_log2=-7.0,

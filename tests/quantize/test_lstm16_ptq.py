@@ -2,7 +2,8 @@
 activations="int16")``, ``kiln quantize --activations int16``): int16 symmetric input and output,
 the int8 LSTM's weights and power-of-two int16 cell state, int64 biases. On TFLite Micro's
 mnist_lstm (LSTM, reshape, dense, softmax, all 16x8) the exported .tflite runs in TFLite Micro's
-interpreter bit-exact with Kiln's reference, the re-imported file and the host C package."""
+interpreter: its LSTM output bit-exact with Kiln's reference (the dense and softmax after it follow
+LiteRT's reference kernels, docs/int8_ir.md)."""
 import os
 
 import numpy as np
@@ -13,7 +14,7 @@ from kiln.frontend import run
 from kiln.frontend.tflite_import import load_tflite
 from kiln.quantize import ptq
 from kiln.quantize.tflite_export import export_tflite
-from tests.frontend.test_ops_recurrent_lstm16 import tflm_run
+from tests.frontend.test_ops_recurrent_lstm16 import tflm_run, upto
 from tests.quantize.litert_util import assert_same
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "tflm_mnist_lstm")
@@ -61,15 +62,19 @@ def test_types_of_the_16x8_lstm(quantised):
 
 
 def test_exported_model_runs_in_tflm_bit_exact(quantised):
+    """The LSTM's output in TFLite Micro equals Kiln's; the whole model re-imports to the same
+    results. (The dense and softmax after it follow LiteRT's reference kernels, which TFLM's can
+    differ from by 1 LSB: docs/int8_ir.md.)"""
     _, q, _ = quantised
     model = export_tflite(q)
     g2 = load_tflite(model)
+    sub = upto(q, _lstm(q).name)
+    sub_model = export_tflite(sub)
     rng = np.random.default_rng(3)
     for _ in range(3):
         x = rng.integers(-32768, 32768, (1, 28, 28)).astype(np.int16)
-        want = tflm_run(model, x)
-        assert_same(run(q, x)[0], want, "reference")
-        assert_same(run(g2, x)[0], want, "re-imported")
+        assert_same(run(sub, x)[0], tflm_run(sub_model, x), "lstm output")
+        assert_same(run(g2, x)[0], run(q, x)[0], "re-imported")
 
 
 @pytest.mark.parametrize("clip", [0.0, 1.5])

@@ -1,0 +1,145 @@
+"""C lowering of the 16x8 ``lstm`` (TFLite Micro's ``EvalLstm<int16_t, int8_t, int16_t, int64_t>``,
+``frontend/ops/recurrent_16x8.py``): portable C from TE, the reference's own multipliers.
+
+The input-to-gate products of every step in one stage (int32 accumulators when the input depth
+cannot overflow them, else int64), requantised with the int64 ``MultiplyByQuantizedMultiplier``
+of the 16x8 kernels to int16 in a second stage; then per step: the recurrent products of the 4
+gates, the activated gates (saturating add, TFLite's int16 sigmoid / tanh table), the new cell
+and the new hidden state. Every stage stays a loop nest of its own (no inlining, as the int8
+LSTM). int8 and float LSTMs keep their rules (``backends/ops_recurrent.py``).
+"""
+from __future__ import annotations
+
+import numpy as np
+from tvm import te, tirx
+
+from kiln.frontend.ops.int16util import SIGMOID_TABLE_U16
+from kiln.frontend.ops.recurrent_16x8 import lstm_16x8_params
+
+from . import ops_recurrent  # noqa: F401  (the int8 / float rule int16_first wraps)
+from .ops_elementwise import _lut16_tail
+from .ops_int16 import int16_first
+from .qmath import c, clamp, let, mbqm
+
+I64 = "int64"
+
+
+def _reduced(m):
+    """The 16-bit multiplier of the int64 MultiplyByQuantizedMultiplier."""
+    return int((m + (1 << 15)) >> 16) if m < 0x7FFF0000 else 0x7FFF
+
+
+def _fc_consts(k, mults, tag):
+    """Per-gate (reduced multiplier, total shift) constants: [4] int32 each."""
+    red = np.asarray([_reduced(m) for m, _ in mults], np.int32)
+    tot = np.asarray([15 - s for _, s in mults], np.int32)
+    return k.const(f"{tag}_m", red), k.const(f"{tag}_s", tot)
+
+
+def _rq64(acc, red, tot):
+    """clamp16((acc * red + 2**(tot - 1)) >> tot) on an int64 accumulator."""
+    sh = tot.astype(I64)
+    v = (acc.astype(I64) * red.astype(I64) + (c(1, I64) << (sh - c(1, I64)))) >> sh
+    return tirx.max(tirx.min(v, c(32767, I64)), c(-32768, I64)).astype("int32")
+
+
+def _lut(name, x, mult, shift, table):
+    """TFLite's int16 LOGISTIC / TANH (reference_integer_ops) of the int32 expression x."""
+    if mult == 0:
+        mult, shift = 3 << shift, 0
+    rnd = (1 << (shift - 1)) if shift > 0 else 0
+    frac = 9 if name == "sigmoid" else 8
+    return let("lv", (x * c(mult) + c(rnd)) >> c(shift), lambda v: let(
+        "la", tirx.Select(v < c(0), -v, v), lambda a: _lut16_tail(name, v, a, a >> c(frac), table, frac)))
+
+
+def _acc_type(depth):
+    return "int32" if depth * 32768 * 128 < (1 << 31) else I64
+
+
+def _step(P, fx, h, cst, wh, t):
+    N, H = (int(s) for s in h.shape)
+    rh = te.reduce_axis((0, H), "rh")
+    at = _acc_type(H)
+    rec = te.compute((4, N, H), lambda g, n, j: te.sum(h[n, rh].astype(at) * wh[g, j, rh].astype(at), axis=rh),
+                     name=f"lstm16_rec{t}")
+    hm, hs, tab = P["hm"], P["hs"], P["table"]
+
+    def gate(g, n, j):
+        pre = clamp(fx[g, n, t, j].astype("int32") + _rq64(rec[g, n, j], hm[g], hs[g]), -32768, 32767)
+        return let("pre", pre, lambda v: tirx.Select(g == 2, _lut("tanh", v, 0, 0, tab).astype("int32"),
+                                                      _lut("sigmoid", v, 0, 0, tab).astype("int32")))
+    gates = te.compute((4, N, H), gate, name=f"lstm16_gates{t}")
+    (mfc, sfc), (mig, sig), (mho, sho) = P["fc"], P["ig"], P["ho"]
+
+    def cell(n, j):
+        fc = clamp(mbqm(gates[1, n, j] * cst[n, j].astype("int32"), c(mfc), sfc), -32768, 32767)
+        ig = clamp(mbqm(gates[0, n, j] * gates[2, n, j], c(mig), sig), -32768, 32767)
+        lim = P["clip"] if P["clip"] > 0 else 32767
+        v = clamp(fc + ig, -32768, 32767)
+        return (clamp(v, -lim, lim) if P["clip"] > 0 else v).astype("int16")
+    c2 = te.compute((N, H), cell, name=f"lstm16_cell{t}")
+
+    def hidden(n, j):
+        tc = _lut("tanh", c2[n, j].astype("int32"), *P["tanh"], tab).astype("int32")
+        return clamp(mbqm(tc * gates[3, n, j], c(mho), sho), -32768, 32767).astype("int16")
+    return te.compute((N, H), hidden, name=f"lstm16_hidden{t}"), c2
+
+
+def _bias(k, b, at, depth):
+    """(accumulator, gate, unit) -> accumulator + bias: in int32 when neither can overflow it,
+    else in int64 (int32 constants when every bias fits, else high and low halves)."""
+    if at == "int32" and np.abs(b).max(initial=0) < (1 << 31) - depth * 32768 * 128:
+        bt = k.const("lstm16_b", b.astype(np.int32))
+        return lambda a, g, j: a + bt[g, j]
+    if np.abs(b).max(initial=0) < (1 << 31):
+        bt = k.const("lstm16_b", b.astype(np.int32))
+        return lambda a, g, j: a.astype(I64) + bt[g, j].astype(I64)
+    hi, lo = k.const("lstm16_bhi", (b >> 32).astype(np.int32)), k.const("lstm16_blo", (b & 0xFFFFFFFF).astype(np.uint32))
+    return lambda a, g, j: a.astype(I64) + hi[g, j].astype(I64) * tirx.const(1 << 32, I64) + lo[g, j].astype(I64)
+
+
+def _keep_stages(sch, out_block):
+    return None
+
+
+@int16_first("lstm", hints=False)
+def lower_lstm_16x8(k, node, xs):
+    ty = k.type(node.name)
+    arrays = [k.value(v) for v in node.inputs]
+    if any(arrays[j] is None for j in range(1, 13)):
+        k.fail("the 16x8 LSTM needs constant weights and biases")
+    k.schedule(_keep_stages)
+    p = lstm_16x8_params([k.type(v) for v in node.inputs], ty, node.attrs["cell_clip"])
+    xm, xsft = _fc_consts(k, p["mx"], "lstm16_x")
+    hm, hsft = _fc_consts(k, p["mh"], "lstm16_h")
+    P = dict(p, hm=hm, hs=hsft, table=k.const("sigtab", SIGMOID_TABLE_U16.astype(np.int32)))
+    wx = k.const("lstm16_wx", np.stack([np.asarray(a, np.int8) for a in arrays[1:5]]))
+    wh = k.const("lstm16_wh", np.stack([np.asarray(a, np.int8) for a in arrays[5:9]]))
+    x = xs[0]
+    tm = node.attrs["time_major"]
+    Tn, N, I = (int(s) for s in x.shape) if tm else (int(x.shape[1]), int(x.shape[0]), int(x.shape[2]))
+    H = int(wx.shape[1])
+    at = _acc_type(I)
+    ri = te.reduce_axis((0, I), "ri")
+
+    def xacc(g, n, t, j):
+        xv = x[t, n, ri] if tm else x[n, t, ri]
+        return te.sum(xv.astype(at) * wx[g, j, ri].astype(at), axis=ri)
+    acc = te.compute((4, N, Tn, H), xacc, name="lstm16_xacc")
+    bias = _bias(k, np.stack([np.asarray(a, np.int64) for a in arrays[9:13]]), at, I)
+    fx = te.compute((4, N, Tn, H), lambda g, n, t, j: _rq64(bias(acc[g, n, t, j], g, j), xm[g], xsft[g])
+                    .astype("int16"), name="lstm16_xproj")
+    h, cst = xs[13], xs[14]
+    hs = []
+    for t in range(Tn):
+        h, cst = _step(P, fx, h, cst, wh, t)
+        hs.append(h)
+
+    def gather(*i):
+        n, t, j = (i[1], i[0], i[2]) if tm else i
+        v = hs[-1][n, j]
+        for s in range(Tn - 2, -1, -1):
+            v = tirx.Select(t == s, hs[s][n, j], v)
+        return v
+    return te.compute(ty.shape, gather, name="lstm16")
