@@ -928,12 +928,17 @@ static __attribute__((noinline, unused, cold)) void kiln_softmax_s8(const int8_t
  * frontend/ops/recurrent_int16.py is the same arithmetic in NumPy. */
 static inline int32_t kiln_w16(int32_t x) { return (int32_t)(((uint32_t)x + 32768u) & 0xFFFFu) - 32768; }
 
+/* SaturatingRoundingDoublingHighMul on int16 values: gemmlowp's trunc((ab + nudge) / 2^15) equals
+ * floor((ab + 2^14) / 2^15) for either sign (as kiln_srdhm64), and stays in int16 except for
+ * a = b = -32768, the one saturating case */
 static inline int32_t kiln_srdhm16(int32_t a, int32_t b)
 {
     if (a == b && a == -32768) return 32767;
-    int32_t ab = a * b;
-    return kiln_w16((ab + (ab >= 0 ? (1 << 14) : (1 - (1 << 14)))) / (1 << 15));
+    return (a * b + (1 << 14)) >> 15;
 }
+
+/* the same where one operand can never be -32768 (a constant, or a value shown to be small) */
+static inline int32_t kiln_srdhm16n(int32_t a, int32_t b) { return (a * b + (1 << 14)) >> 15; }
 
 static inline int32_t kiln_rdbpot16(int32_t x, int32_t e)
 {
@@ -952,37 +957,40 @@ static inline int32_t kiln_srmbpot16(int32_t x, int32_t e)
     return kiln_w16((int32_t)((uint32_t)x << e));
 }
 
+/* exp(a) for a in [-1/4, 0) (Q0.15): x = a + 1/8 lies in [-1/8, 1/8), so no product saturates */
 static inline int32_t kiln_exp_quarter16(int32_t a)
 {
     const int32_t ct = 28918, third = 10923;         /* exp(-1/8), 1/3 in Q0.15 */
-    int32_t x = kiln_w16(a + (1 << 12));
-    int32_t x2 = kiln_srdhm16(x, x), x3 = kiln_srdhm16(x2, x), x4 = kiln_srdhm16(x2, x2);
-    int32_t t = kiln_srmbpot16(kiln_w16(kiln_srdhm16(kiln_w16(kiln_srmbpot16(x4, -2) + x3), third) + x2), -1);
-    int32_t r = ct + kiln_srdhm16(ct, kiln_w16(x + t));
-    return r > 32767 ? 32767 : r < -32768 ? -32768 : r;
+    int32_t x = a + (1 << 12);
+    int32_t x2 = kiln_srdhm16n(x, x), x3 = kiln_srdhm16n(x2, x), x4 = kiln_srdhm16n(x2, x2);
+    int32_t t = kiln_rdbpot16(kiln_srdhm16n(kiln_rdbpot16(x4, 2) + x3, third) + x2, 1);
+    int32_t r = ct + kiln_srdhm16n(ct, x + t);
+    return r > 32767 ? 32767 : r;
 }
 
 static KILN_SIZE_NOINLINE int32_t kiln_exp_neg16(int32_t a, int32_t ib)
 {
-    static const int32_t mult[7] = {25520, 19875, 12055, 4435, 600, 11, 0};   /* exp(-2^k), k=-2..4 */
+    static const int16_t mult[7] = {25520, 19875, 12055, 4435, 600, 11, 0};   /* exp(-2^k), k=-2..4 */
     int32_t frac = 15 - ib, q = 1 << (frac - 2);
-    int32_t a_mod = kiln_w16((a & (q - 1)) - q);
-    int32_t result = kiln_exp_quarter16(kiln_srmbpot16(a_mod, ib));
-    int32_t rem = kiln_w16(a_mod - a);
-    for (int32_t k = -2; k <= 4; k++)
-        if (ib > k && (rem & (1 << (frac + k)))) result = kiln_srdhm16(result, mult[k + 2]);
+    int32_t a_mod = (a & (q - 1)) - q;                 /* in [-q, 0) and int16 for every ib */
+    /* a_mod * 2^ib in [-1/4, 0] (negative ib: cell scales below 2^-15, a rounding shift) */
+    int32_t result = kiln_exp_quarter16(ib >= 0 ? a_mod * (1 << ib) : kiln_rdbpot16(a_mod, -ib));
+    int32_t rem = (a_mod - a) >> (frac - 2);           /* a < 0: a multiple of q in [0, 2^15] */
+    for (int32_t k = 0; rem != 0 && k < 7 && k < ib + 2; k++, rem >>= 1)
+        if (rem & 1) result = kiln_srdhm16n(result, mult[k]);
     if (ib > 5 && 36 - ib < 31 && a < -((1 << (36 - ib)) >> 16)) result = 0;
     return a == 0 ? 32767 : result;
 }
 
+/* 1 / (1 + a), a Q0.15 in [0, 1], by gemmlowp's three Newton-Raphson steps (Q2.13 result); the
+ * half denominator lies in [2^14, 2^15) and x in (0, 2): no product saturates */
 static inline int32_t kiln_newton16(int32_t a)
 {
-    int32_t s = a + 32767;
-    int32_t hd = (s + (s >= 0 ? 1 : -1)) / 2;
-    int32_t x = kiln_w16(23130 + kiln_srdhm16(hd, -15420));                   /* 48/17, -32/17 in Q2.13 */
+    int32_t hd = (a + 32768) >> 1;
+    int32_t x = 23130 + kiln_srdhm16n(hd, -15420);                           /* 48/17, -32/17 in Q2.13 */
     for (int i = 0; i < 3; i++) {
-        int32_t om = kiln_w16((1 << 13) - kiln_srdhm16(hd, x));
-        x = kiln_w16(x + kiln_srmbpot16(kiln_srdhm16(x, om), 2));
+        int32_t om = (1 << 13) - kiln_srdhm16n(hd, x);
+        x = x + kiln_srdhm16n(x, om) * 4;                    /* |x * om| < 2^11: no saturation */
     }
     return x;
 }
