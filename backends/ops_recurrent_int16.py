@@ -20,6 +20,7 @@ from . import ops_recurrent  # noqa: F401  (the int8 / float rule int16_first wr
 from .ops_elementwise import _lut16_tail
 from .ops_int16 import int16_first
 from .qmath import c, clamp, let, mbqm
+from .tirc import SCRATCH_MIN_BYTES
 
 I64 = "int64"
 
@@ -58,7 +59,7 @@ def _acc_type(depth):
 
 
 def _step(P, fx, h, cst, wh, t):
-    N, H = (int(s) for s in h.shape)
+    N, H = int(h.shape[0]), int(wh.shape[2])            # h may be a step's widened buffer
     rh = te.reduce_axis((0, H), "rh")
     at = _acc_type(H)
     rec = te.compute((4, N, H), lambda g, n, j: te.sum(h[n, rh].astype(at) * wh[g, j, rh].astype(at), axis=rh),
@@ -82,8 +83,9 @@ def _step(P, fx, h, cst, wh, t):
 
     def hidden(n, j):
         tc = _lut("tanh", c2[n, j].astype("int32"), *P["tanh"], tab).astype("int32")
-        return clamp(mbqm(tc * gates[3, n, j], c(mho), sho), -32768, 32767).astype("int16")
-    return te.compute((N, H), hidden, name=f"lstm16_hidden{t}"), c2
+        v = clamp(mbqm(tc * gates[3, n, j], c(mho), sho), -32768, 32767).astype("int16")
+        return v if P["width"] == H else tirx.if_then_else(j < c(H), v, tirx.const(0, "int16"))
+    return te.compute((N, P["width"]), hidden, name=f"lstm16_hidden{t}"), c2
 
 
 def _bias(k, b, at, depth):
@@ -97,6 +99,16 @@ def _bias(k, b, at, depth):
         return lambda a, g, j: a.astype(I64) + bt[g, j].astype(I64)
     hi, lo = k.const("lstm16_bhi", (b >> 32).astype(np.int32)), k.const("lstm16_blo", (b & 0xFFFFFFFF).astype(np.uint32))
     return lambda a, g, j: a.astype(I64) + hi[g, j].astype(I64) * tirx.const(1 << 32, I64) + lo[g, j].astype(I64)
+
+
+def hidden_width(N, H, T, itemsize, budget=2048):
+    """Columns of each step's hidden-state buffer. All T of them live until the output is
+    gathered; buffers under the backend's scratch threshold (tirc.SCRATCH_MIN_BYTES) stay on the
+    stack, so when T of them would take more than ``budget`` bytes of stack each is widened to
+    the threshold (the padding columns hold 0) and lives in the arena instead."""
+    if N * H * itemsize >= SCRATCH_MIN_BYTES or T * N * H * itemsize <= budget:
+        return H
+    return -(-SCRATCH_MIN_BYTES // (N * itemsize))
 
 
 def _keep_stages(sch, out_block):
@@ -114,6 +126,10 @@ def lower_lstm_16x8(k, node, xs):
     xm, xsft = _fc_consts(k, p["mx"], "lstm16_x")
     hm, hsft = _fc_consts(k, p["mh"], "lstm16_h")
     P = dict(p, hm=hm, hs=hsft, table=k.const("sigtab", SIGMOID_TABLE_U16.astype(np.int32)))
+    x = xs[0]
+    Tn = int(x.shape[0] if node.attrs["time_major"] else x.shape[1])
+    N, H = (int(s) for s in xs[13].shape)
+    P["width"] = hidden_width(N, H, Tn, 2)
     wx = k.const("lstm16_wx", np.stack([np.asarray(a, np.int8) for a in arrays[1:5]]))
     wh = k.const("lstm16_wh", np.stack([np.asarray(a, np.int8) for a in arrays[5:9]]))
     x = xs[0]

@@ -20,6 +20,7 @@ MNIST = os.path.join(os.path.dirname(__file__), "..", "data", "tflm_mnist_lstm",
     dict(n=1, t=3, i=7, h=6, time_major=True, cell_clip=0.4, cell_log2=-13, w_log2=-4.0, sx=2.0 ** -8),
     dict(n=3, t=2, i=2, h=4, time_major=False, cell_clip=2.0, cell_log2=-8, bias=1 << 33),   # int64 biases
     dict(n=1, t=2, i=600, h=3, time_major=False, cell_clip=0.0, cell_log2=-16, w_log2=-10.0),  # int64 accumulator
+    dict(n=1, t=14, i=3, h=80, time_major=True, cell_clip=0.0, cell_log2=-11),   # hidden states in the arena
 ])
 def test_lstm_16x8_on_host_c_bit_exact(cfg, tmp_path):
     rng = np.random.default_rng(len(str(cfg)))
@@ -54,8 +55,9 @@ def test_mnist_lstm_16x8_on_host_c(tmp_path):
 @pytest.mark.qemu
 @pytest.mark.slow
 def test_lstm_16x8_on_mps2_an386(tmp_path):
-    """TFLM's mnist_lstm quantised to 16x8 (LSTM, dense, softmax) and a time-major single-op LSTM
-    with a cell clip and int64 biases on QEMU mps2-an386 (Cortex-M4): firmware = reference."""
+    """TFLM's mnist_lstm quantised to 16x8 (LSTM, dense, softmax), a time-major single-op LSTM
+    with a cell clip and int64 biases, and one whose 49 steps' hidden states would not fit the
+    stack (H = 80) on QEMU mps2-an386 (Cortex-M4): firmware = reference."""
     import shutil
     if not shutil.which("arm-none-eabi-gcc") or not shutil.which("qemu-system-arm"):
         pytest.skip("arm-none-eabi-gcc / qemu-system-arm not installed (bash scripts/setup.sh)")
@@ -66,7 +68,8 @@ def test_lstm_16x8_on_mps2_an386(tmp_path):
     rng = np.random.default_rng(7)
     q = ptq(load_tflite(MNIST), rng.random((16, 28, 28)).astype(np.float32), int8_io=True, activations="int16")
     single, xshape = lstm16_graph(rng, 2, 3, 4, 5, time_major=True, cell_clip=0.8, bias=1 << 33)
-    for k, (g, shape) in enumerate([(q, (1, 28, 28)), (single, xshape)]):
+    long, lshape = lstm16_graph(rng, 1, 49, 16, 80)
+    for k, (g, shape) in enumerate([(q, (1, 28, 28)), (single, xshape), (long, lshape)]):
         img, pkg = hil.build_for_board(save(g, str(tmp_path / f"m{k}.json")), "mps2-an386", str(tmp_path / f"b{k}"))
         samples = [rng.integers(-32768, 32768, shape).astype(np.int16) for _ in range(2)]
         res = hil.run_on_board(img, pkg, samples)
