@@ -71,7 +71,8 @@ def _clip(c, clip):
 
 
 def _sigmoid(v):
-    return (1.0 / (1.0 + np.exp(-v))).astype(v.dtype, copy=False)
+    with np.errstate(over="ignore"):             # exp(-v) = inf for v << 0: 1 / (1 + inf) = 0, as wanted
+        return (1.0 / (1.0 + np.exp(-v))).astype(v.dtype, copy=False)
 
 
 def _lstm_ref(xs, a):

@@ -109,3 +109,59 @@ def test_accuracy_int16_against_int8_and_float():
     p16 = np.concatenate([run(q16, v[None])[0] for v in x])
     assert np.abs(p16 - f).mean() < np.abs(p8 - f).mean()
     assert (p16.argmax(1) == f.argmax(1)).mean() >= (p8.argmax(1) == f.argmax(1)).mean() - 0.023
+
+
+SPEECH = "/work/ext/tflm/third_party/xtensa/examples/micro_speech_lstm/"
+
+
+def _features(name):
+    """The int8 spectrogram arrays of TFLM's micro_speech_lstm test (yes / no), [1, 49, 257]."""
+    import re
+    s = open(SPEECH + name).read()
+    body = s[s.index("{", s.index("_data[")) + 1: s.rindex("}")]
+    return np.array([int(v) for v in re.findall(r"-?\d+", body)], np.int8).reshape(1, 49, 257)
+
+
+def _dequantised(g8):
+    """The float graph of an int8 graph: every constant dequantised, every type float32."""
+    import copy
+
+    from kiln.frontend import TensorType
+    f = copy.deepcopy(g8)
+    for v, t in list(f.types.items()):
+        if t.quant is None:
+            continue
+        if v in f.consts:
+            s, z = np.asarray(t.quant.scale, np.float64), np.asarray(t.quant.zero_point, np.float64)
+            if len(s) > 1:
+                shape = [1] * f.consts[v].ndim
+                shape[t.quant.axis] = -1
+                s, z = s.reshape(shape), z.reshape(shape)
+            f.consts[v] = ((f.consts[v].astype(np.float64) - z) * s).astype(np.float32)
+        f.types[v] = TensorType(t.shape, "float32")
+    return f
+
+
+@pytest.mark.skipif(not os.path.isdir(SPEECH), reason="TFLite Micro checkout absent")
+def test_micro_speech_lstm_16x8_matches_tflm():
+    """TFLM's micro_speech_lstm (Xtensa example: LSTM of 49 steps x 257 inputs, 80 units; int8 by
+    TensorFlow) dequantised and re-quantised by Kiln to 16x8, calibrated on noisy copies of the two
+    test spectrograms: the LSTM output equals TFLite Micro's on both, and both are classified as
+    the float model classifies them (yes, no)."""
+    g8 = load_tflite(SPEECH + "micro_speech_lstm.tflite")
+    gf = _dequantised(g8)
+    tq = g8.types[g8.inputs[0]].quant
+    xs = [((_features(f).astype(np.float32) - tq.zero_point[0]) * tq.scale[0]).astype(np.float32)
+          for f in ("yes_micro_features_data.cc", "no_micro_features_data.cc")]
+    rng = np.random.default_rng(0)
+    lo, hi = (np.float32((v - tq.zero_point[0]) * tq.scale[0]) for v in (-128, 127))
+    calib = np.clip(np.concatenate([x + rng.normal(0, 2.0, x.shape).astype(np.float32) * k
+                                    for x in xs for k in (0, 1, 0, 1)]), lo, hi)
+    q = ptq(gf, calib, activations="int16", int8_io=True)
+    sub = upto(q, _lstm(q).name)
+    model = export_tflite(sub)
+    s_in = q.types[q.inputs[0]].quant.scale[0]
+    for k, x in enumerate(xs):
+        xi = np.clip(np.round(x / s_in), -32768, 32767).astype(np.int16)
+        assert_same(run(sub, xi)[0], tflm_run(model, xi), "micro_speech lstm")
+        assert run(q, xi)[0].argmax() == run(gf, x)[0].argmax() == k
