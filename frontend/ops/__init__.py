@@ -27,5 +27,6 @@ from . import (  # noqa: F401
     svdf,
     transpose_conv,
     variables,
+    while_loop,
 )
 from ._util import norm_axes  # noqa: F401

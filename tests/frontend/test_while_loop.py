@@ -1,0 +1,101 @@
+"""TFLite WHILE imported by static unrolling: counter loops, accumulating loops, RNN-style loops
+that GATHER the time step with the counter (float and int8), nested loops, against LiteRT's
+reference kernels (which run the loop); the unrolled graph on the host C backend and (slow) on the
+mps2-an386 board; data-dependent and over-long loops refused with the WHILE named."""
+import numpy as np
+import pytest
+
+import kiln
+from kiln.frontend.errors import KilnError
+from kiln.frontend.ops.while_loop import MAX_ITERATIONS
+from kiln.frontend.tflite_import import load_tflite, supported
+from tests.frontend import while_models as M
+from tests.quantize.litert_util import assert_same, litert_run
+
+
+def _feeds(shape, int8, n=3, seed=1):
+    rng = np.random.default_rng(seed)
+    if int8:
+        return [rng.integers(-128, 128, shape).astype(np.int8) for _ in range(n)]
+    return [rng.standard_normal(shape).astype(np.float32) for _ in range(n)]
+
+
+def _check(buf, shape, int8=False, host_dir=None):
+    g = load_tflite(buf)
+    pkg = None
+    if host_dir is not None:
+        from kiln.backends import compile as compile_pkg
+        pkg = compile_pkg(g, target="host", out_dir=host_dir, plot=False, measure_size=False)
+    for x in _feeds(shape, int8):
+        want = litert_run(buf, [x])[0]
+        got = kiln.run(g, x)[0]
+        if int8:
+            assert_same(got, want, "reference")
+            if pkg is not None:
+                assert_same(pkg.run(x)[0], want, "host C")
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+            if pkg is not None:
+                np.testing.assert_allclose(pkg.run(x)[0], want, rtol=1e-5, atol=1e-5)
+    return g
+
+
+def test_while_is_supported():
+    assert "WHILE" in supported()
+
+
+@pytest.mark.parametrize("trips,start", [(5, 0), (1, 0), (7, 3), (0, 3)])
+def test_counter_loop(trips, start):
+    g = _check(M.counter_model(trips, start), (1, 4))
+    n = max(trips - start, 0)
+    assert g.meta["while_trip_counts"] == [n]
+    assert [node.op for node in g.nodes] == ["mul"] * n
+    assert not any(g.types[c].dtype in ("int32", "bool") for c in g.consts)     # the counter chain folded away
+
+
+def test_accumulating_loop_keeps_one_copy_of_the_weights():
+    g = _check(M.accumulate_model(trips=3), (1, 4))
+    assert [node.op for node in g.nodes] == ["dense", "add"] * 3
+    assert sum(1 for c in g.consts if g.types[c].shape == (4, 4)) == 1
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_rnn_loop_gathers_each_time_step(int8, tmp_path):
+    g = _check(M.rnn_model(t=5, int8=int8), (5, 1, 3), int8, tmp_path)
+    ops = [node.op for node in g.nodes]
+    assert ops.count("gather") == 5 and ops.count("tanh") == 5
+    assert ops.count("dense") == 9          # the first step's recurrent product (of the zero state) is folded
+    assert sum(1 for c in g.consts if g.types[c].shape == (4, 4)) <= 2
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_nested_while(int8, tmp_path):
+    g = _check(M.rnn_model(t=4, int8=int8, nested=3), (4, 1, 3), int8, tmp_path)
+    assert g.meta["while_trip_counts"] == [3, 3, 3, 3, 4]
+    assert [node.op for node in g.nodes].count("tanh") == 12
+
+
+def test_data_dependent_trip_count_is_refused():
+    with pytest.raises(KilnError, match=r"operator 0 \(WHILE\): the loop condition .* depends on values computed "
+                                        r"at run time .*loop variables 0 .*data-dependent.*unroll=True"):
+        load_tflite(M.data_dependent_model())
+
+
+def test_too_many_iterations_are_refused():
+    with pytest.raises(KilnError, match=rf"operator 0 \(WHILE\): the loop runs more than {MAX_ITERATIONS} iterations"):
+        load_tflite(M.counter_model(MAX_ITERATIONS + 1))
+    g = load_tflite(M.counter_model(300))
+    assert len(g.nodes) == 300
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_int8_rnn_while_on_board(tmp_path):
+    from kiln.commands.golden import golden
+    from kiln.commands.verify import verify
+    path = tmp_path / "while_rnn_int8.tflite"
+    path.write_bytes(M.rnn_model(t=4, int8=True, nested=2))
+    gold = str(tmp_path / "g.npz")
+    golden(str(path), gold, [[x] for x in _feeds((4, 1, 3), True, n=2)])
+    rep = verify(str(path), gold, "mps2-an386", options={"out": str(tmp_path / "board")})
+    assert rep["ok"] and rep["matched"] == 2, rep["results"]
