@@ -197,7 +197,12 @@ class _Importer:
                 raise self.err(f"{where}: buffer = {bidx} is out of range: the file has {nb} buffers")
             data = self._buffer_data(bidx, where, shape, dtype) if nb else None
             self.tensors.append(dict(name=tname, shape=shape, dtype=dtype, quant=quant, data=data,
-                                     variable=bool(t.IsVariable())))
+                                     variable=bool(t.IsVariable()), dynamic=self._dynamic(t)))
+
+    @staticmethod
+    def _dynamic(t):
+        """The tensor's shape_signature has a -1 (its shape is a placeholder, known at run time)."""
+        return bool(t.ShapeSignatureLength()) and bool(np.any(t.ShapeSignatureAsNumpy() < 0))
 
     def _unsupported_tensor_fields(self, t, where):
         tab = t._tab
@@ -449,6 +454,11 @@ class _Importer:
             if not (in_types and in_types[0].quant is not None and kop in _SHAPE_PRESERVING):
                 raise self.err(f"operator {k} ({opname}): {e}") from None
             inferred = in_types[0]
+        if tuple(inferred.shape) != tuple(t.shape) and self.tensors[out].get("dynamic") and \
+                getattr(self, "fold_op", None) is not None:
+            # an unrolled WHILE body: a dynamic shape (a lowered tensor list's slice) is known now
+            t = TensorType(inferred.shape, t.dtype, t.quant)
+            self.tensors[out]["shape"] = tuple(inferred.shape)
         if tuple(inferred.shape) != tuple(t.shape):
             raise self.err(f"operator {k} ({opname}): output {self.label(out)} has shape {list(t.shape)} but the "
                            f"op computes {list(inferred.shape)}")

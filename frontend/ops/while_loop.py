@@ -15,6 +15,8 @@ refused. LiteRT runs the loop; Kiln's unrolled graph computes the same values (b
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import tflite_checks as chk
@@ -46,7 +48,7 @@ def _tfl_while(imp, k, op, ins, outs):
     if trips is not None and trips > MAX_ITERATIONS:
         raise imp.err(f"{w}: the loop runs more than {MAX_ITERATIONS} iterations (Kiln unrolls WHILE loops, "
                       f"one copy of the body per iteration); {_ADVICE}")
-    before, pool = set(imp.g.consts), {}
+    before, pool, first = set(imp.g.consts), {}, len(imp.g.nodes)
     n = 0
     while _cond(imp, cond_i, vals, ins, w, n):
         if n == MAX_ITERATIONS:
@@ -60,6 +62,7 @@ def _tfl_while(imp, k, op, ins, outs):
             imp.tensors[out]["data"] = v            # a static variable (a counter) stays a constant
         else:
             imp.values[out] = v
+    _prune(imp, first, [v for v in vals if isinstance(v, str)])
     _drop_unused_consts(imp, before)
     imp.g.meta.setdefault("while_trip_counts", []).append(n)
 
@@ -76,27 +79,48 @@ _INT_OPS = {
     "LOGICAL_AND": np.logical_and, "LOGICAL_OR": np.logical_or, "LOGICAL_NOT": np.logical_not,
 }
 _FUSED = {"ADD": "AddOptions", "SUB": "SubOptions", "MUL": "MulOptions"}
+# index arithmetic of a lowered tensor list (TensorListSetItem: SLICE bounds built from the counter)
+_SHAPE_OPS = {"RESHAPE": None, "EXPAND_DIMS": None, "CONCATENATION": "ConcatenationOptions", "PACK": "PackOptions"}
+
+
+def _shape_op(sub, k, opname, op, xs, out):
+    if opname in ("RESHAPE", "EXPAND_DIMS"):
+        return xs[0].reshape(out["shape"]) if xs[0].size == math.prod(out["shape"]) else None
+    o = tfl.options(sub, k, op, opname, _SHAPE_OPS[opname])
+    axis = int(o.Axis()) if o is not None else 0
+    if opname == "PACK":
+        return np.stack(xs, axis) if -xs[0].ndim - 1 <= axis <= xs[0].ndim else None
+    if (o is not None and int(o.FusedActivationFunction()) != 0) or not -xs[0].ndim <= axis < xs[0].ndim:
+        return None
+    return np.concatenate(xs, axis) if all(x.ndim == xs[0].ndim for x in xs) else None
 
 
 def fold_int_op(sub, k, opname, op, ins, outs):
-    """Compute an integer/bool op of constants (a loop counter's ``i + 1``, ``i < n``) at import."""
-    fn = _INT_OPS.get(opname)
-    if fn is None or len(outs) != 1 or not ins or -1 in ins:
+    """Compute an integer/bool op of constants (a loop counter's ``i + 1``, ``i < n``, a lowered
+    tensor list's slice bounds) at import; True when it set the output's data."""
+    shape_op = opname in _SHAPE_OPS
+    if (opname not in _INT_OPS and not shape_op) or len(outs) != 1 or not ins or -1 in ins:
         return False
-    ts = [sub.tensors[i] for i in ins]
+    ts = [sub.tensors[i] for i in (ins[:1] if opname in ("RESHAPE", "EXPAND_DIMS") else ins)]
     if any(t["data"] is None or t["dtype"] not in ("int32", "int64", "bool") or t["quant"] is not None for t in ts):
         return False
-    o = tfl.options(sub, k, op, opname, _FUSED[opname]) if opname in _FUSED else None
-    if o is not None and int(o.FusedActivationFunction()) != 0:
-        return False
     out = sub.tensors[outs[0]]
-    if opname in ("FLOOR_DIV", "FLOOR_MOD") and not np.all(ts[1]["data"]):
-        raise sub.err(f"{tfl.where(k, opname)}: division by zero in a loop counter")
-    with np.errstate(over="ignore"):
-        y = np.asarray(fn(*[t["data"] for t in ts])).astype(out["dtype"])
-    if y.shape != tuple(out["shape"]) or outs[0] in sub.values or out["data"] is not None:
+    if outs[0] in sub.values or out["data"] is not None or out["dtype"] not in ("int32", "int64", "bool"):
         return False
-    out["data"] = y
+    xs = [np.asarray(t["data"]) for t in ts]
+    if shape_op:
+        y = _shape_op(sub, k, opname, op, xs, out)
+    else:
+        o = tfl.options(sub, k, op, opname, _FUSED[opname]) if opname in _FUSED else None
+        if o is not None and int(o.FusedActivationFunction()) != 0:
+            return False
+        if opname in ("FLOOR_DIV", "FLOOR_MOD") and not np.all(xs[1]):
+            raise sub.err(f"{tfl.where(k, opname)}: division by zero in a loop counter")
+        with np.errstate(over="ignore"):
+            y = _INT_OPS[opname](*xs)
+    if y is None or np.shape(y) != tuple(out["shape"]):
+        return False
+    out["data"] = np.asarray(y).astype(out["dtype"])
     return True
 
 
@@ -236,6 +260,28 @@ def _evaluate(g, node):
     t.add_node(node.op, node.inputs, node.attrs, name=node.name, out_type=g.types[node.name])
     t.outputs = [node.name]
     return np.asarray(run(t)[0])
+
+
+def _prune(imp, first, roots):
+    """Tidy the unrolled nodes (from ``first`` on): concat inputs with no elements (a lowered tensor
+    list's empty head or tail slice at the first and last step) are dropped, then every node the
+    loop's results do not need."""
+    g = imp.g
+    for node in g.nodes[first:]:
+        if node.op == "concat" and len(node.inputs) > 1:
+            full = [i for i in node.inputs if g.types[i].size > 0]
+            node.inputs = full or node.inputs[:1]
+    live = set(roots) | set(g.outputs) | set(imp.values.values()) | _states(imp)
+    for v in imp.shared.get("variables", {}).values():
+        live.update(x for x in v.values() if isinstance(x, str))
+    keep = []
+    for node in reversed(g.nodes[first:]):
+        if node.name in live:
+            keep.append(node)
+            live.update(node.inputs)
+        else:
+            del g.types[node.name]
+    g.nodes, g._producer = g.nodes[:first] + keep[::-1], {}
 
 
 def _drop_unused_consts(imp, before):

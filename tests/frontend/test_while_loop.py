@@ -2,13 +2,18 @@
 that GATHER the time step with the counter (float and int8), nested loops, against LiteRT's
 reference kernels (which run the loop); the unrolled graph on the host C backend and (slow) on the
 mps2-an386 board; data-dependent and over-long loops refused with the WHILE named."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import kiln
+from kiln.backends import compile as compile_pkg
 from kiln.frontend.errors import KilnError
 from kiln.frontend.ops.while_loop import MAX_ITERATIONS
 from kiln.frontend.tflite_import import load_tflite, supported
+from kiln.quantize import ptq
+from kiln.quantize.tflite_export import export_tflite
 from tests.frontend import while_models as M
 from tests.quantize.litert_util import assert_same, litert_run
 
@@ -24,7 +29,6 @@ def _check(buf, shape, int8=False, host_dir=None):
     g = load_tflite(buf)
     pkg = None
     if host_dir is not None:
-        from kiln.backends import compile as compile_pkg
         pkg = compile_pkg(g, target="host", out_dir=host_dir, plot=False, measure_size=False)
     for x in _feeds(shape, int8):
         want = litert_run(buf, [x])[0]
@@ -99,3 +103,34 @@ def test_int8_rnn_while_on_board(tmp_path):
     golden(str(path), gold, [[x] for x in _feeds((4, 1, 3), True, n=2)])
     rep = verify(str(path), gold, "mps2-an386", options={"out": str(tmp_path / "board")})
     assert rep["ok"] and rep["matched"] == 2, rep["results"]
+
+
+KERAS = Path(__file__).resolve().parents[1] / "data" / "keras_gru"
+
+
+def test_converters_while_loop_for_a_keras_gru(tmp_path):
+    """The TFLite converter's WHILE for a Keras GRU(unroll=False) (tests/data/keras_gru): counters
+    compared with LOGICAL_AND, a time step GATHERed with the counter, the outputs written to a
+    lowered tensor list (SLICE bounds computed from the counter, CONCATENATION). Unrolled, it
+    matches LiteRT (float), Kiln's own GRU with the layer's weights, the host C package, and after
+    PTQ the int8 file in LiteRT bit-exact."""
+    buf = (KERAS / "keras_gru_while.tflite").read_bytes()
+    g = load_tflite(buf)
+    assert g.meta["while_trip_counts"] == [5]
+    assert not any(g.types[v].size == 0 for v in g.types)            # the list's empty head/tail slices are gone
+    assert [n.op for n in g.nodes].count("tanh") == 5
+    w = np.load(KERAS / "keras_gru_while_weights.npz")
+    own = kiln.trace(kiln.nn.GRU(3, 4).load_keras([w["kernel"], w["recurrent_kernel"], w["bias"]]), (1, 5, 3))
+    pkg = compile_pkg(g, target="host", out_dir=tmp_path / "f", plot=False, measure_size=False)
+    for x in _feeds((1, 5, 3), False):
+        want = litert_run(buf, [x])[0]
+        for got in (kiln.run(g, x)[0], kiln.run(own, x)[0], pkg.run(x)[0]):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    cal = np.random.default_rng(1).standard_normal((16, 5, 3)).astype(np.float32)
+    q = ptq(g, cal, int8_io=True, batch_size=1)          # the converter's reshapes fix batch 1
+    model = export_tflite(q)
+    qpkg = compile_pkg(q, target="host", out_dir=tmp_path / "q", plot=False, measure_size=False)
+    for x in _feeds((1, 5, 3), True):
+        want = litert_run(model, [x])[0]
+        assert_same(kiln.run(q, x)[0], want, "reference")
+        assert_same(qpkg.run(x)[0], want, "host C")
