@@ -101,7 +101,7 @@ def test_int8_gru_on_board(tmp_path):
     assert rep["ok"] and rep["matched"] == 2, rep["results"]
 
 
-KERAS = Path(__file__).resolve().parents[1] / "data" / "keras_gru"
+KERAS = Path(__file__).resolve().parents[1] / "data" / "converter_rnn"
 
 
 def _keras_gru(which):
@@ -110,7 +110,7 @@ def _keras_gru(which):
 
 
 def test_export_is_the_converters_graph_for_a_keras_gru():
-    """The TFLite converter's file for a Keras GRU (unroll=True, tests/data/keras_gru): Kiln's GRU
+    """The TFLite converter's file for a Keras GRU (unroll=True, tests/data/converter_rnn): Kiln's GRU
     with the layer's weights exports the same per-step operators, and LiteRT computes the same
     outputs from both files."""
     conv = (KERAS / "keras_gru_unrolled.tflite").read_bytes()

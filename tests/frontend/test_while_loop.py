@@ -105,11 +105,11 @@ def test_int8_rnn_while_on_board(tmp_path):
     assert rep["ok"] and rep["matched"] == 2, rep["results"]
 
 
-KERAS = Path(__file__).resolve().parents[1] / "data" / "keras_gru"
+KERAS = Path(__file__).resolve().parents[1] / "data" / "converter_rnn"
 
 
 def test_converters_while_loop_for_a_keras_gru(tmp_path):
-    """The TFLite converter's WHILE for a Keras GRU(unroll=False) (tests/data/keras_gru): counters
+    """The TFLite converter's WHILE for a Keras GRU(unroll=False) (tests/data/converter_rnn): counters
     compared with LOGICAL_AND, a time step GATHERed with the counter, the outputs written to a
     lowered tensor list (SLICE bounds computed from the counter, CONCATENATION). Unrolled, it
     matches LiteRT (float), Kiln's own GRU with the layer's weights, the host C package, and after
@@ -134,3 +134,18 @@ def test_converters_while_loop_for_a_keras_gru(tmp_path):
         want = litert_run(model, [x])[0]
         assert_same(kiln.run(q, x)[0], want, "reference")
         assert_same(qpkg.run(x)[0], want, "host C")
+
+
+@pytest.mark.parametrize("name,trips", [("simplernn_batch2_while", [6]), ("stacked_rnn_while", [6, 6]),
+                                        ("tf_while_loop", [4])])
+def test_more_converter_loops(name, trips, tmp_path):
+    """A SimpleRNN over a batch of 2, two stacked loops (GRU then SimpleRNN) and a tf.while_loop
+    with maximum_iterations and a counter stepping by 2, as the TFLite converter writes them."""
+    buf = (KERAS / f"{name}.tflite").read_bytes()
+    g = load_tflite(buf)
+    assert g.meta["while_trip_counts"] == trips
+    pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
+    for x in _feeds(g.types[g.inputs[0]].shape, False):
+        want = litert_run(buf, [x])[0]
+        np.testing.assert_allclose(kiln.run(g, x)[0], want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(pkg.run(x)[0], want, rtol=1e-5, atol=1e-6)
