@@ -621,3 +621,29 @@ class Embedding(Module):
 
     def extra_repr(self):
         return f"{self.cfg[0]}, {self.cfg[1]}"
+
+
+# ---- SVDF (frontend/ops/svdf.py) -----------------------------------------------------------------
+class SVDF(Module):
+    """TFLite's SVDF layer over x [N, input_size] -> [N, units], a stateful layer (what keyword
+    spotters use): ``rank`` filters per unit, each a feature projection ``weights_feature`` [units *
+    rank, input_size] whose last ``memory`` values (the state, kept between runs) are weighed by
+    ``weights_time`` [units * rank, memory]; plus ``bias`` [units] and ``activation`` 'none' or
+    'relu'. Exports as one SVDF operator; ``ptq`` quantises it to TFLite's integer SVDF (int8
+    input, feature weights and output, int16 time weights and state, int32 bias)."""
+
+    def __init__(self, input_size, units, memory, rank=1, activation="none"):
+        if activation not in ("none", "relu"):
+            raise KilnError(f"SVDF: activation must be 'none' or 'relu', got {activation!r}")
+        F_ = units * rank
+        self.weights_feature = Parameter(_uniform((F_, input_size), 1.0 / math.sqrt(input_size)))
+        self.weights_time = Parameter(_uniform((F_, memory), 1.0 / math.sqrt(memory)))
+        self.bias = Parameter(np.zeros(units, np.float32))
+        self.cfg = (input_size, units, memory, rank, activation)
+
+    def forward(self, x):
+        return F.svdf(x, self.weights_feature, self.weights_time, self.bias, rank=self.cfg[3],
+                      activation=self.cfg[4])
+
+    def extra_repr(self):
+        return f"{self.cfg[0]}, {self.cfg[1]}, memory={self.cfg[2]}, rank={self.cfg[3]}, activation={self.cfg[4]!r}"

@@ -25,6 +25,7 @@ from . import (  # noqa: F401
     reductions,
     resize,
     svdf,
+    svdf_quant,
     transpose_conv,
     variables,
     while_loop,
