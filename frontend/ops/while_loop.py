@@ -24,6 +24,7 @@ from ..executor import run
 from ..graph import Graph
 from ..types import TensorType
 from . import tflite_util as tfl
+from .while_tidy import collapse_lists
 
 chk.VERSIONS.update({"WHILE": 1})
 NAME = "WHILE"
@@ -264,13 +265,15 @@ def _evaluate(g, node):
 
 def _prune(imp, first, roots):
     """Tidy the unrolled nodes (from ``first`` on): concat inputs with no elements (a lowered tensor
-    list's empty head or tail slice at the first and last step) are dropped, then every node the
-    loop's results do not need."""
+    list's empty head or tail slice at the first and last step) are dropped, the list's concat
+    chain collapsed, then every node the loop's results do not need is removed."""
     g = imp.g
     for node in g.nodes[first:]:
         if node.op == "concat" and len(node.inputs) > 1:
             full = [i for i in node.inputs if g.types[i].size > 0]
             node.inputs = full or node.inputs[:1]
+    collapse_lists(g, first)                  # a lowered tensor list's concat chain (while_tidy.py)
+    _fold(imp, first, {})
     live = set(roots) | set(g.outputs) | set(imp.values.values()) | _states(imp)
     for v in imp.shared.get("variables", {}).values():
         live.update(x for x in v.values() if isinstance(x, str))

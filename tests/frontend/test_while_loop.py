@@ -118,7 +118,9 @@ def test_converters_while_loop_for_a_keras_gru(tmp_path):
     g = load_tflite(buf)
     assert g.meta["while_trip_counts"] == [5]
     assert not any(g.types[v].size == 0 for v in g.types)            # the list's empty head/tail slices are gone
-    assert [n.op for n in g.nodes].count("tanh") == 5
+    ops = [n.op for n in g.nodes]
+    assert ops.count("tanh") == 5
+    assert ops.count("concat") == 1      # the list's per-step concat chain collapses to one concat of the steps
     w = np.load(KERAS / "keras_gru_while_weights.npz")
     own = kiln.trace(kiln.nn.GRU(3, 4).load_keras([w["kernel"], w["recurrent_kernel"], w["bias"]]), (1, 5, 3))
     pkg = compile_pkg(g, target="host", out_dir=tmp_path / "f", plot=False, measure_size=False)
