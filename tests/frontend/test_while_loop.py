@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kiln
 from kiln.backends import compile as compile_pkg
@@ -92,6 +94,15 @@ def test_too_many_iterations_are_refused():
     assert len(g.nodes) == 300
 
 
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 4), st.integers(1, 5), st.booleans(), st.integers(0, 2))
+def test_rnn_loops_match_litert(t, i, h, int8, nested):
+    """RNN-style loops of any length and size, float and int8, nested or not: Kiln's unrolled
+    graph against LiteRT running the WHILE (int8 exactly)."""
+    g = _check(M.rnn_model(t=t, i=i, h=h, int8=int8, nested=nested), (t, 1, i), int8)
+    assert g.meta["while_trip_counts"][-1] == t
+
+
 @pytest.mark.slow
 @pytest.mark.qemu
 def test_int8_rnn_while_on_board(tmp_path):
@@ -128,6 +139,9 @@ def test_converters_while_loop_for_a_keras_gru(tmp_path):
         want = litert_run(buf, [x])[0]
         for got in (kiln.run(g, x)[0], kiln.run(own, x)[0], pkg.run(x)[0]):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    back = export_tflite(g)                               # the unrolled graph exports as plain builtins
+    for x in _feeds((1, 5, 3), False):
+        np.testing.assert_allclose(litert_run(back, [x])[0], litert_run(buf, [x])[0], rtol=1e-5, atol=1e-6)
     cal = np.random.default_rng(1).standard_normal((16, 5, 3)).astype(np.float32)
     q = ptq(g, cal, int8_io=True, batch_size=1)          # the converter's reshapes fix batch 1
     model = export_tflite(q)
@@ -151,3 +165,20 @@ def test_more_converter_loops(name, trips, tmp_path):
         want = litert_run(buf, [x])[0]
         np.testing.assert_allclose(kiln.run(g, x)[0], want, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(pkg.run(x)[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_converters_keras_gru_while_quantised_on_board(tmp_path):
+    """The converter's WHILE GRU, unrolled at import and quantised by ptq, on mps2-an386 against
+    LiteRT running the int8 file."""
+    from kiln.commands.golden import golden
+    from kiln.commands.verify import verify
+    g = load_tflite((KERAS / "keras_gru_while.tflite").read_bytes())
+    q = ptq(g, np.random.default_rng(1).standard_normal((16, 5, 3)).astype(np.float32), int8_io=True, batch_size=1)
+    path = tmp_path / "keras_gru_while_int8.tflite"
+    path.write_bytes(export_tflite(q))
+    gold = str(tmp_path / "g.npz")
+    golden(str(path), gold, [[x] for x in _feeds((1, 5, 3), True, n=2)])
+    rep = verify(str(path), gold, "mps2-an386", options={"out": str(tmp_path / "board")})
+    assert rep["ok"] and rep["matched"] == 2, rep["results"]
