@@ -109,6 +109,12 @@ def _keras_gru(which):
     return kf.GRU(3, 4).load_keras([w["kernel"], w["recurrent_kernel"], w["bias"]])
 
 
+def _steps(ops):
+    """The compute operators (the converter slices the recurrent product three times where Kiln
+    SPLITs it, UNPACKs the time steps where Kiln SPLITs and RESHAPEs)."""
+    return [o for o in ops if o not in ("STRIDED_SLICE", "SPLIT", "RESHAPE", "UNPACK", "PACK", "CONCATENATION")]
+
+
 def test_export_is_the_converters_graph_for_a_keras_gru():
     """The TFLite converter's file for a Keras GRU (unroll=True, tests/data/converter_rnn): Kiln's GRU
     with the layer's weights exports the same per-step operators, and LiteRT computes the same
@@ -117,10 +123,7 @@ def test_export_is_the_converters_graph_for_a_keras_gru():
     g = kf.trace(_keras_gru("unrolled"), (1, 5, 3))
     ours = export_tflite(g)
 
-    def steps(ops):         # the converter slices the recurrent product three times, Kiln SPLITs it
-        body = ops[ops.index("FULLY_CONNECTED", ops.index("TANH")):]
-        return [o for o in body if o not in ("STRIDED_SLICE", "SPLIT", "RESHAPE", "UNPACK", "PACK", "CONCATENATION")]
-    assert steps(ops_of(ours)) == steps(ops_of(conv))
+    assert _steps(ops_of(ours)) == _steps(ops_of(conv))
     rng = np.random.default_rng(3)
     for _ in range(3):
         x = rng.standard_normal((1, 5, 3)).astype(np.float32)
@@ -132,3 +135,24 @@ def test_export_is_the_converters_graph_for_a_keras_gru():
 def test_load_keras_checks_the_layout():
     with pytest.raises(kf.KilnError, match="reset_after=True"):
         kf.GRU(3, 4).load_keras([np.zeros((3, 12)), np.zeros((4, 12)), np.zeros(12)])
+
+
+def test_converters_int8_keras_gru(tmp_path):
+    """The converter's full-integer file for the same Keras GRU: Kiln imports it bit-exact with
+    LiteRT (reference and host C), and Kiln's own PTQ of the layer gives the same compute
+    operators."""
+    conv = (KERAS / "keras_gru_unrolled_int8.tflite").read_bytes()
+    g = load_tflite(conv)
+    pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
+    rng = np.random.default_rng(6)
+    for _ in range(4):
+        x = rng.integers(-128, 128, (1, 5, 3)).astype(np.int8)
+        want = litert_run(conv, [x])[0]
+        assert_same(run(g, x)[0], want, "reference")
+        assert_same(pkg.run(x)[0], want, "host C")
+    cal = np.random.default_rng(0).standard_normal((32, 5, 3)).astype(np.float32)
+    ours = ops_of(export_tflite(ptq(kf.trace(_keras_gru("unrolled"), (1, 5, 3)), cal, int8_io=True)))
+    # Kiln's PTQ requantises each step's state to the final CONCATENATION's scale; the converter
+    # gives every step's state its PACK's one scale
+    assert ours.count("QUANTIZE") == 5
+    assert [o for o in _steps(ours) if o != "QUANTIZE"] == _steps(ops_of(conv))

@@ -25,6 +25,15 @@ for unroll in (True, False):
     np.savez(f"{name}_weights.npz", **dict(zip(("kernel", "recurrent_kernel", "bias"), gru.get_weights())))
     with open(f"{name}.tflite", "wb") as f:
         f.write(tf.lite.TFLiteConverter.from_keras_model(m).convert())
+    if unroll:          # int8 (full integer, int8 input and output), calibrated on 32 random sequences
+        conv = tf.lite.TFLiteConverter.from_keras_model(m)
+        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+        conv.representative_dataset = lambda: ([np.random.default_rng(k).standard_normal((1, T, I)).astype(np.float32)]
+                                               for k in range(32))
+        conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        conv.inference_input_type = conv.inference_output_type = tf.int8
+        with open(f"{name}_int8.tflite", "wb") as f:
+            f.write(conv.convert())
 
 # more WHILE loops the converter writes: a SimpleRNN over a batch of 2 (last step only), a GRU
 # feeding a SimpleRNN feeding a Dense (two loops), a tf.while_loop with maximum_iterations and a
