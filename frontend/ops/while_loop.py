@@ -29,6 +29,7 @@ from .while_tidy import collapse_lists
 chk.VERSIONS.update({"WHILE": 1})
 NAME = "WHILE"
 MAX_ITERATIONS = 4096           # iterations one WHILE may unroll into (each copies the body)
+MAX_TOTAL_ITERATIONS = 65536    # iterations all the WHILEs of one model may unroll (nested loops multiply)
 _ADVICE = ("Kiln unrolls a WHILE whose trip count is fixed at conversion (counters that start from constants "
            "and are compared with constants); convert the model with a fixed sequence length, or with "
            "unroll=True (Keras RNN layers), so the loop is unrolled by the converter")
@@ -49,12 +50,18 @@ def _tfl_while(imp, k, op, ins, outs):
     if trips is not None and trips > MAX_ITERATIONS:
         raise imp.err(f"{w}: the loop runs more than {MAX_ITERATIONS} iterations (Kiln unrolls WHILE loops, "
                       f"one copy of the body per iteration); {_ADVICE}")
+    total = imp.shared.setdefault("while_iterations", [0])        # across the model's WHILEs, nested ones too
+    if trips is not None and total[0] + trips > MAX_TOTAL_ITERATIONS:
+        raise _too_many(imp, w)
     before, pool, first = set(imp.g.consts), {}, len(imp.g.nodes)
     n = 0
     while _cond(imp, cond_i, vals, ins, w, n):
         if n == MAX_ITERATIONS:
             raise imp.err(f"{w}: the loop runs more than {MAX_ITERATIONS} iterations (Kiln unrolls WHILE loops, "
                           f"one copy of the body per iteration); {_ADVICE}")
+        total[0] += 1
+        if total[0] > MAX_TOTAL_ITERATIONS:
+            raise _too_many(imp, w)
         vals = _body(imp, body_i, vals, ins, w, n, pool)
         n += 1
     for j, (out, v) in enumerate(zip(outs, vals)):
@@ -123,6 +130,11 @@ def fold_int_op(sub, k, opname, op, ins, outs):
         return False
     out["data"] = np.asarray(y).astype(out["dtype"])
     return True
+
+
+def _too_many(imp, w):
+    return imp.err(f"{w}: the model's WHILE loops (nested ones multiply) unroll into more than "
+                   f"{MAX_TOTAL_ITERATIONS} iterations in all; {_ADVICE}")
 
 
 def _trip_count(imp, cond_i, body_i, vals):

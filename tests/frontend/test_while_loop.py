@@ -182,3 +182,13 @@ def test_converters_keras_gru_while_quantised_on_board(tmp_path):
     golden(str(path), gold, [[x] for x in _feeds((1, 5, 3), True, n=2)])
     rep = verify(str(path), gold, "mps2-an386", options={"out": str(tmp_path / "board")})
     assert rep["ok"] and rep["matched"] == 2, rep["results"]
+
+
+def test_nested_loops_share_one_iteration_budget(monkeypatch):
+    """Nested loops multiply: a file of loops within loops cannot make the importer run forever."""
+    from kiln.frontend.ops import while_loop
+    monkeypatch.setattr(while_loop, "MAX_TOTAL_ITERATIONS", 20)
+    load_tflite(M.rnn_model(t=3, nested=4))                      # 3 + 3 * 4 = 15 iterations
+    with pytest.raises(KilnError, match=r"WHILE\): the model's WHILE loops \(nested ones multiply\) unroll into "
+                                        r"more than 20 iterations"):
+        load_tflite(M.rnn_model(t=5, nested=4))                  # 5 + 5 * 4 = 25
