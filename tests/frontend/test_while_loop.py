@@ -192,3 +192,14 @@ def test_nested_loops_share_one_iteration_budget(monkeypatch):
     with pytest.raises(KilnError, match=r"WHILE\): the model's WHILE loops \(nested ones multiply\) unroll into "
                                         r"more than 20 iterations"):
         load_tflite(M.rnn_model(t=5, nested=4))                  # 5 + 5 * 4 = 25
+
+
+@pytest.mark.parametrize("kind,match", [
+    ("cond_index", r"operator 0 \(WHILE\) cond: subgraph index 7 is out of range: allowed 1..2"),
+    ("body_outputs", r"operator 0 \(WHILE\): the body subgraph 2 has 1 outputs for 2 loop variables"),
+    ("cond_type", r"operator 0 \(WHILE\): the cond subgraph 1 returns|depends on values computed at run time"),
+    ("var_type", r"operator 0 \(WHILE\): loop variable 1 is float32\[1\] but WHILE's input .* is float32\[1,4\]"),
+])
+def test_malformed_loops_are_named(kind, match):
+    with pytest.raises(KilnError, match=match):
+        load_tflite(M.malformed_model(kind))

@@ -176,3 +176,31 @@ def data_dependent_model():
     body.op("MUL", [b, body.tensor("two", (1,), data=np.asarray([2.0], np.float32))], [b2], "MulOptions")
     body.inputs, body.outputs = [b], [b2]
     return build([main, cond, body])
+
+
+def malformed_model(kind):
+    """A counter loop with one thing wrong: ``cond_index`` (out of range), ``body_outputs`` (the
+    body returns one output for two loop variables), ``cond_type`` (the cond returns a float),
+    ``var_type`` (the body changes a loop variable's shape)."""
+    specs = [((), "int32", None, 0), ((1, 4), "float32", None, 0)]
+    main = Subgraph("main")
+    x = main.tensor("x", (1, 4))
+    i0, io, y = _i32(main, "i0", 0), main.tensor("i_out", (), "int32"), main.tensor("y", (1, 4))
+    main.op("WHILE", [i0, x], [io, y], "WhileOptions", CondSubgraphIndex=7 if kind == "cond_index" else 1,
+            BodySubgraphIndex=2)
+    main.inputs, main.outputs = [x], [y]
+    cond = _less_cond("cond", 3, specs)
+    if kind == "cond_type":
+        cond = Subgraph("cond")
+        vs = [cond.tensor(f"v{j}", s, d) for j, (s, d, _, _) in enumerate(specs)]
+        cond.inputs, cond.outputs = vs, [vs[1]]
+    body = Subgraph("body")
+    i, a = body.tensor("i", (), "int32"), body.tensor("a", (1, 4))
+    a1 = body.tensor("a1", (1,) if kind == "var_type" else (1, 4))
+    if kind == "var_type":
+        body.op("SUM", [a, body.tensor("ax", (1,), "int32", data=np.asarray([1], np.int32))], [a1], "ReducerOptions")
+    else:
+        body.op("MUL", [a, body.tensor("k", (1,), data=np.asarray([1.5], np.float32))], [a1], "MulOptions")
+    body.inputs = [i, a]
+    body.outputs = [_inc(body, i)] if kind == "body_outputs" else [_inc(body, i), a1]
+    return build([main, cond, body])
