@@ -102,3 +102,19 @@ def test_svdf_errors():
     with pytest.raises(kf.KilnError, match="stateful op"):
         F.svdf(np.zeros((1, 6), np.float32), np.zeros((4, 6), np.float32), np.zeros((4, 3), np.float32),
                np.zeros(2, np.float32), rank=2)
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+def test_ptq_svdf_layer_streams_on_board(tmp_path):
+    """nn.SVDF + Linear quantised by ptq: a stream of inferences on mps2-an386 (the state carried
+    between them) against LiteRT running the int8 file as one stream."""
+    from kiln.commands.golden import golden
+    from kiln.commands.verify import verify
+    q = ptq(_model(head=True), np.random.default_rng(2).standard_normal((96, 6)).astype(np.float32), int8_io=True)
+    path = tmp_path / "svdf_int8.tflite"
+    path.write_bytes(export_tflite(q))
+    gold = str(tmp_path / "g.npz")
+    golden(str(path), gold, [[x] for x in _stream((1, 6), 5, 8, int8=True)])
+    rep = verify(str(path), gold, "mps2-an386", options={"out": str(tmp_path / "board")})
+    assert rep["ok"] and rep["matched"] == 5, rep["results"]
