@@ -153,18 +153,23 @@ def test_converters_while_loop_for_a_keras_gru(tmp_path):
 
 
 @pytest.mark.parametrize("name,trips", [("simplernn_batch2_while", [6]), ("stacked_rnn_while", [6, 6]),
-                                        ("tf_while_loop", [4])])
+                                        ("tf_while_loop", [4]), ("bigru_while", [6, 6]), ("lstm_states_while", [6]),
+                                        ("gru_batch3_relu_while", [7])])
 def test_more_converter_loops(name, trips, tmp_path):
-    """A SimpleRNN over a batch of 2, two stacked loops (GRU then SimpleRNN) and a tf.while_loop
-    with maximum_iterations and a counter stepping by 2, as the TFLite converter writes them."""
+    """As the TFLite converter writes them: a SimpleRNN over a batch of 2, two stacked loops (GRU
+    then SimpleRNN), a tf.while_loop with maximum_iterations and a counter stepping by 2, a
+    bidirectional GRU, an LSTM returning its states (three outputs), a GRU over a batch of 3 with
+    relu and hard_sigmoid. Every output against LiteRT, on the reference and the host C package."""
     buf = (KERAS / f"{name}.tflite").read_bytes()
     g = load_tflite(buf)
     assert g.meta["while_trip_counts"] == trips
     pkg = compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
     for x in _feeds(g.types[g.inputs[0]].shape, False):
-        want = litert_run(buf, [x])[0]
-        np.testing.assert_allclose(kiln.run(g, x)[0], want, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(pkg.run(x)[0], want, rtol=1e-5, atol=1e-6)
+        want = litert_run(buf, [x])
+        for got in (kiln.run(g, x), pkg.run(x)):
+            assert len(got) == len(want)
+            for a, b in zip(got, want):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow

@@ -58,3 +58,18 @@ def loop(x):
 
 with open("tf_while_loop.tflite", "wb") as f:
     f.write(tf.lite.TFLiteConverter.from_concrete_functions([loop.get_concrete_function()], loop).convert())
+
+# a bidirectional GRU, an LSTM returning its states (a WHILE: the converter fuses only the plain
+# LSTM), a GRU over a batch of 3 with relu and hard_sigmoid activations
+inp = keras.Input((6, 3), batch_size=1)
+m = keras.Model(inp, keras.layers.Bidirectional(keras.layers.GRU(4, return_sequences=True))(inp))
+with open("bigru_while.tflite", "wb") as f:
+    f.write(tf.lite.TFLiteConverter.from_keras_model(m).convert())
+inp = keras.Input((6, 3), batch_size=1)
+m = keras.Model(inp, keras.layers.LSTM(4, return_state=True)(inp))
+with open("lstm_states_while.tflite", "wb") as f:
+    f.write(tf.lite.TFLiteConverter.from_keras_model(m).convert())
+inp = keras.Input((7, 2), batch_size=3)
+m = keras.Model(inp, keras.layers.GRU(5, activation="relu", recurrent_activation="hard_sigmoid")(inp))
+with open("gru_batch3_relu_while.tflite", "wb") as f:
+    f.write(tf.lite.TFLiteConverter.from_keras_model(m).convert())
