@@ -24,6 +24,7 @@ from .module import (
                      ELU,
                      GRU,
                      LSTM,
+                     SVDF,
                      AvgPool2d,
                      BatchNorm1d,
                      BatchNorm2d,

@@ -436,3 +436,20 @@ def reduce_all(x, axes=None, keepdims=False):
     return emit("reduce_all", [x], axes=None if axes is None else [int(a) for a in np.atleast_1d(axes)],
                 keepdims=bool(keepdims))
 
+
+
+# ---- SVDF (frontend/ops/svdf.py) ---------------------------------------------------------------
+def svdf(x, weights_feature, weights_time, bias, rank=1, activation="none"):
+    """TFLite's SVDF over x [B, I]: ``weights_feature`` [F, I], ``weights_time`` [F, memory],
+    ``bias`` [F / rank]. A stateful op: the activation state [B, F * memory] (zeros at first) is a
+    graph state (``graph.states``) that each run shifts one step and the next run reads; run a
+    stream with ``run_stateful`` or a compiled package."""
+    g = _graph_of([x])
+    if g is None:
+        raise TraceError("svdf: a stateful op; call it inside kiln.trace (its state lives in the traced graph)")
+    wf, wt = (as_tensor(a, like=x, graph=g) for a in (weights_feature, weights_time))
+    state = Tensor(g, g.add_const(g.fresh("svdf_state"), np.zeros((x.shape[0], wt.shape[0] * wt.shape[1]),
+                                                                    np.float32)))
+    new = emit("svdf_state", [x, wf, state])
+    g.states[state.name] = new.name
+    return emit("svdf", [new, wt, bias], rank=int(rank), activation=activation)

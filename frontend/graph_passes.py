@@ -190,13 +190,11 @@ def with_batch(g: Graph, n: int) -> Graph:
 
 
 def _rebatch_states(h, B, n):
-    """An lstm's initial states (inputs 13, 14: [B, H] constants, all one value: a zero state)
-    follow the batch too."""
-    for x in h.nodes:
-        if x.op != "lstm":
-            continue
-        for v in x.inputs[13:15]:
-            a = h.consts.get(v)
-            if a is not None and a.ndim == 2 and a.shape[0] == B and a.size and np.all(a == a.flat[0]):
-                h.consts[v] = np.full((n,) + a.shape[1:], a.flat[0], a.dtype)
-                h.types[v] = TensorType(h.consts[v].shape, h.types[v].dtype, h.types[v].quant)
+    """An lstm's initial states (inputs 13, 14: [B, H] constants, all one value: a zero state) and
+    the graph's persistent states (svdf: their reset values) follow the batch too."""
+    lstm = [v for x in h.nodes if x.op == "lstm" for v in x.inputs[13:15]]
+    for v in lstm + list(h.states):
+        a = h.consts.get(v)
+        if a is not None and a.ndim == 2 and a.shape[0] == B and a.size and np.all(a == a.flat[0]):
+            h.consts[v] = np.full((n,) + a.shape[1:], a.flat[0], a.dtype)
+            h.types[v] = TensorType(h.consts[v].shape, h.types[v].dtype, h.types[v].quant)

@@ -204,8 +204,10 @@ class _Converter:
                                     f"{', '.join(quantizable_ops())}")
         dt = self.layer.get(n.name, self.default)
         _, _, fixed16, qbias = _ACT[dt]
-        if rule.convert is not None:           # the op quantises its own operands (lstm)
-            inputs, oq = rule.convert(self, n, dt)
+        out_dt = dt
+        if rule.convert is not None:           # the op quantises its own operands (lstm; svdf_state: int16 out)
+            inputs, oq, *out_type = rule.convert(self, n, dt)
+            out_dt = out_type[0] if out_type else dt
         elif rule.inputs == "weights":
             x = self.operand(n.inputs[0], dt)
             inputs = [x] + _weights_and_bias(self.q, n, self.tensors, self.q.types[x].quant.scale[0],
@@ -224,8 +226,8 @@ class _Converter:
             inputs = [self.operand(v, dt) for v in n.inputs]
             oq = self.need_range(n.name, dt)
         out_t = self.g.types[n.name]
-        self.put(n.name, dt, self.q.add_node(n.op, inputs, n.attrs, name=n.name,
-                                             out_type=TensorType(out_t.shape, dt, oq)), oq)
+        self.put(n.name, out_dt, self.q.add_node(n.op, inputs, n.attrs, name=n.name,
+                                                 out_type=TensorType(out_t.shape, out_dt, oq)), oq)
 
     def run(self, int_io, name):
         g, dt = self.g, self.default

@@ -508,48 +508,75 @@ class LSTM(Module):
 
 class GRU(Module):
     """One-layer GRU over [N, T, input_size] (batch first) returning [N, T, hidden_size] from a
-    zero state, PyTorch's equations (gates r, z, n; ``n = tanh(W_in x + b_in + r * (W_hn h +
-    b_hn))``, ``h = (1 - z) * n + z * h``, computed as ``n + z * (h - n)``) unrolled over time into
-    dense, slice, sigmoid, tanh, mul, add and sub nodes, which export as FULLY_CONNECTED,
-    STRIDED_SLICE, LOGISTIC, TANH, MUL, ADD, SUB, RESHAPE and a final CONCATENATION (what a converter
-    writes for a static sequence length: TFLite has no fused GRU), float or int8. Parameters per gate:
-    ``weight_ih.k`` [H, I], ``weight_hh.k`` [H, H], ``bias_ih.k``, ``bias_hh.k`` [H]."""
+    zero state: ``z = sigmoid(W_iz x + b_iz + W_hz h + b_hz)``, ``r`` likewise, ``n = tanh(W_in x +
+    b_in + r * (W_hn h + b_hn))``, ``h' = z * h + (1 - z) * n`` (PyTorch's GRU, Keras's with
+    ``reset_after=True``). Unrolled over time the way the TFLite converter writes a Keras GRU: per
+    step one FULLY_CONNECTED of the input with the stacked 3H kernel and one of the state with the
+    stacked recurrent kernel, each SPLIT into three gates, then ADD, LOGISTIC, MUL, SUB and TANH;
+    float or int8. Parameters are stacked in Keras's gate order z, r, n: ``weight_ih`` [3H, I],
+    ``weight_hh`` [3H, H], ``bias_ih``, ``bias_hh`` [3H]. ``load_torch`` (gates r, z, n) and
+    ``load_keras`` copy trained weights."""
 
     def __init__(self, input_size, hidden_size):
         bound = 1.0 / math.sqrt(hidden_size)
-        self.weight_ih = [Parameter(_uniform((hidden_size, input_size), bound)) for _ in range(3)]
-        self.weight_hh = [Parameter(_uniform((hidden_size, hidden_size), bound)) for _ in range(3)]
-        self.bias_ih = [Parameter(_uniform((hidden_size,), bound)) for _ in range(3)]
-        self.bias_hh = [Parameter(_uniform((hidden_size,), bound)) for _ in range(3)]
+        # drawn per gate r, z, n (as before the gates were stacked: seeded models keep their weights)
+        rzn = [[_uniform(shape, bound) for _ in range(3)] for shape in ((hidden_size, input_size),
+               (hidden_size, hidden_size), (hidden_size,), (hidden_size,))]
+        self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh = (
+            Parameter(np.concatenate([r_z_n[1], r_z_n[0], r_z_n[2]])) for r_z_n in rzn)
         self.input_size, self.hidden_size = input_size, hidden_size
 
+    def _gates(self, v):
+        H = self.hidden_size
+        if len(v.shape) == 1:
+            return [F.slice(v, [k * H], [(k + 1) * H]) for k in range(3)]
+        return [F.slice(v, [0, k * H], [v.shape[0], (k + 1) * H]) for k in range(3)]
+
     def _step(self, xt, h):
-        xr, xz, xn = (F.dense(xt, self.weight_ih[k], self.bias_ih[k]) for k in range(3))
-        if h is None:           # zero state: W_h h vanishes, the recurrent bias remains
-            hr, hz, hn = self.bias_hh
-        else:
-            hr, hz, hn = (F.dense(h, self.weight_hh[k], self.bias_hh[k]) for k in range(3))
-        r, z = F.sigmoid(xr + hr), F.sigmoid(xz + hz)
-        n = F.tanh(xn + r * hn)
-        return F.sub(n, z * n) if h is None else n + z * F.sub(h, n)
+        # the recurrent product first, as the converter orders it (the zero state's is the bias)
+        hz, hr, hn = self._gates(self.bias_hh if h is None else F.dense(h, self.weight_hh, self.bias_hh))
+        xz, xr, xn = self._gates(F.dense(xt, self.weight_ih, self.bias_ih))
+        z = F.sigmoid(xz + hz)
+        zh = None if h is None else z * h
+        keep = F.sub(1.0, z)
+        r = F.sigmoid(xr + hr)
+        new = keep * F.tanh(xn + r * hn)
+        return new if zh is None else zh + new
 
     def forward(self, x):
         N, T, I = x.shape
         h, hs = None, []
         for t in range(T):
-            h = self._step(F.reshape(F.slice(x, [0, t, 0], [N, t + 1, I]), [N, I]), h)
+            h = self._step(F.reshape(x if T == 1 else F.slice(x, [0, t, 0], [N, t + 1, I]), [N, I]), h)
             hs.append(F.reshape(h, [N, 1, self.hidden_size]))
         return F.concat(hs, 1) if T > 1 else hs[0]
+
+    def _load(self, w_ih, w_hh, b_ih, b_hh):
+        H, I = self.hidden_size, self.input_size
+        for p, a, shape in ((self.weight_ih, w_ih, (3 * H, I)), (self.weight_hh, w_hh, (3 * H, H)),
+                            (self.bias_ih, b_ih, (3 * H,)), (self.bias_hh, b_hh, (3 * H,))):
+            a = np.asarray(a, np.float32)
+            if a.shape != shape:
+                raise KilnError(f"GRU({I}, {H}): a weight of shape {list(a.shape)} where {list(shape)} is expected")
+            p.data = a.copy()
+        return self
 
     def load_torch(self, m):
         if m.num_layers != 1 or m.bidirectional or not m.batch_first or not m.bias:
             raise KilnError("GRU.load_torch takes a one-layer unidirectional torch.nn.GRU(batch_first=True, bias=True)")
         H = self.hidden_size
-        arrays = [_torch_array(getattr(m, n)) for n in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")]
-        for dst, src in zip((self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh), arrays):
-            for k in range(3):
-                dst[k].data = src[k * H:(k + 1) * H].copy()
-        return self
+        zrn = np.r_[H:2 * H, 0:H, 2 * H:3 * H]          # PyTorch stacks r, z, n
+        arrays = [_torch_array(getattr(m, n))[zrn] for n in ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")]
+        return self._load(*arrays)
+
+    def load_keras(self, weights):
+        """Copy a Keras ``GRU(reset_after=True)`` layer's ``get_weights()``: kernel [I, 3H],
+        recurrent_kernel [H, 3H], bias [2, 3H] (input and recurrent biases; gates z, r, h)."""
+        if len(weights) != 3 or np.shape(weights[2]) != (2, 3 * self.hidden_size):
+            raise KilnError("GRU.load_keras takes the [kernel, recurrent_kernel, bias] of a Keras GRU with "
+                            "reset_after=True (bias of shape [2, 3 * units])")
+        kernel, rec, bias = (np.asarray(w, np.float32) for w in weights)
+        return self._load(kernel.T, rec.T, bias[0], bias[1])
 
     def extra_repr(self):
         return f"{self.input_size}, {self.hidden_size}"
@@ -594,3 +621,29 @@ class Embedding(Module):
 
     def extra_repr(self):
         return f"{self.cfg[0]}, {self.cfg[1]}"
+
+
+# ---- SVDF (frontend/ops/svdf.py) -----------------------------------------------------------------
+class SVDF(Module):
+    """TFLite's SVDF layer over x [N, input_size] -> [N, units], a stateful layer (what keyword
+    spotters use): ``rank`` filters per unit, each a feature projection ``weights_feature`` [units *
+    rank, input_size] whose last ``memory`` values (the state, kept between runs) are weighed by
+    ``weights_time`` [units * rank, memory]; plus ``bias`` [units] and ``activation`` 'none' or
+    'relu'. Exports as one SVDF operator; ``ptq`` quantises it to TFLite's integer SVDF (int8
+    input, feature weights and output, int16 time weights and state, int32 bias)."""
+
+    def __init__(self, input_size, units, memory, rank=1, activation="none"):
+        if activation not in ("none", "relu"):
+            raise KilnError(f"SVDF: activation must be 'none' or 'relu', got {activation!r}")
+        F_ = units * rank
+        self.weights_feature = Parameter(_uniform((F_, input_size), 1.0 / math.sqrt(input_size)))
+        self.weights_time = Parameter(_uniform((F_, memory), 1.0 / math.sqrt(memory)))
+        self.bias = Parameter(np.zeros(units, np.float32))
+        self.cfg = (input_size, units, memory, rank, activation)
+
+    def forward(self, x):
+        return F.svdf(x, self.weights_feature, self.weights_time, self.bias, rank=self.cfg[3],
+                      activation=self.cfg[4])
+
+    def extra_repr(self):
+        return f"{self.cfg[0]}, {self.cfg[1]}, memory={self.cfg[2]}, rank={self.cfg[3]}, activation={self.cfg[4]!r}"

@@ -142,9 +142,10 @@ class _Importer:
             raise self.err("the model has no subgraph")
         self.sg = m.Subgraphs(0)
         self._read_opcodes()
-        if nsub > 1 and not {"IF", "CALL_ONCE"} & set(self.opcodes):
+        if nsub > 1 and not {"IF", "WHILE", "CALL_ONCE"} & set(self.opcodes):
             raise self.err(f"the model has {nsub} subgraphs (control flow); Kiln imports single-subgraph models, "
-                           f"IF's branch subgraphs and CALL_ONCE's initialisation subgraph")
+                           f"IF's branch subgraphs, WHILE's cond/body subgraphs and CALL_ONCE's initialisation "
+                           f"subgraph")
         self._read_tensors()
         self._read_ops()
         self._build()
@@ -196,7 +197,12 @@ class _Importer:
                 raise self.err(f"{where}: buffer = {bidx} is out of range: the file has {nb} buffers")
             data = self._buffer_data(bidx, where, shape, dtype) if nb else None
             self.tensors.append(dict(name=tname, shape=shape, dtype=dtype, quant=quant, data=data,
-                                     variable=bool(t.IsVariable())))
+                                     variable=bool(t.IsVariable()), dynamic=self._dynamic(t)))
+
+    @staticmethod
+    def _dynamic(t):
+        """The tensor's shape_signature has a -1 (its shape is a placeholder, known at run time)."""
+        return bool(t.ShapeSignatureLength()) and bool(np.any(t.ShapeSignatureAsNumpy() < 0))
 
     def _unsupported_tensor_fields(self, t, where):
         tab = t._tab
@@ -332,7 +338,10 @@ class _Importer:
 
     def _run_ops(self):
         """Convert the subgraph's operators in order (the values of its inputs are set)."""
+        fold = getattr(self, "fold_op", None)
         for k, (opname, op, oins, oouts) in enumerate(self.ops):
+            if fold is not None and fold(self, k, opname, op, oins, oouts):
+                continue
             # converters marked multi_output (SPLIT, UNPACK) get the list of output tensors
             multi = getattr(TFLITE_IMPORTERS[opname], "multi_output", False)
             if len(oouts) != 1 and not (multi and (oouts or getattr(TFLITE_IMPORTERS[opname], "no_outputs", False))):
@@ -349,10 +358,14 @@ class _Importer:
                                    f"it (and it is not a constant or a graph input)")
             TFLITE_IMPORTERS[opname](self, k, op, list(oins), o)
 
-    def inline_subgraph(self, index, args, where):
+    def inline_subgraph(self, index, args, where, consts=False, fold=None):
         """Import subgraph ``index`` into this graph with its inputs bound to ``args`` (a
-        control-flow op's branch): Kiln value names, or this subgraph's tensor indices for
-        constants (the branch reads their data). Returns the values of its outputs."""
+        control-flow op's branch): Kiln value names, this subgraph's tensor indices for constants
+        (the branch reads their data) or arrays (constants computed at import: WHILE's counters).
+        Returns the values of its outputs; with ``consts`` an output the subgraph does not compute
+        (a constant, or a constant input passed through) is returned as its array. ``fold(sub, k,
+        opname, op, ins, outs)`` may compute an operator at import (it returns True when it set
+        the outputs' data): WHILE's integer counter chain."""
         nsub = self.model.SubgraphsLength()
         depth = getattr(self, "depth", 0) + 1
         if not 0 < index < nsub:
@@ -361,7 +374,7 @@ class _Importer:
             raise self.err(f"{where}: subgraphs nest deeper than {MAX_SUBGRAPH_DEPTH} (a cycle?)")
         sub = _Importer(self.buf, f"{self.where} (subgraph {index})", self.name)
         sub.g, sub.used_names, sub.model, sub.opcodes, sub.depth = self.g, self.used_names, self.model, self.opcodes, depth
-        sub.finishers, sub.shared = self.finishers, self.shared
+        sub.finishers, sub.shared, sub.fold_op = self.finishers, self.shared, fold
         sub.sg = self.model.Subgraphs(index)
         sub._read_tensors()
         sub._read_ops()
@@ -371,14 +384,18 @@ class _Importer:
             raise self.err(f"{where}: subgraph {index} takes {len(ins)} inputs, the op passes {len(args)}")
         for i, a in zip(ins, args):
             want = sub._ttype(i)
-            got = self.g.types[a] if isinstance(a, str) else self._ttype(a)
+            is_array = isinstance(a, np.ndarray)
+            got = (self.g.types[a] if isinstance(a, str) else
+                   TensorType(a.shape, str(a.dtype), want.quant) if is_array else self._ttype(a))
             if (tuple(want.shape), want.dtype, want.quant) != (tuple(got.shape), got.dtype, got.quant):
                 raise self.err(f"{where}: subgraph {index} input {sub.label(i)} is {want}, the op passes {got}")
             if isinstance(a, str):
                 sub.values[i] = a
             else:                           # a constant stays one in the branch (weights it reads)
-                sub.tensors[i]["data"] = self.folded.get(a, self.tensors[a]["data"])
+                sub.tensors[i]["data"] = a if is_array else self.folded.get(a, self.tensors[a]["data"])
         sub._run_ops()
+        if consts:
+            return [sub.values[o] if o in sub.values else sub.folded.get(o, sub.tensors[o]["data"]) for o in outs]
         missing = [sub.label(o) for o in outs if o not in sub.values]
         if missing:
             raise self.err(f"{where}: subgraph {index} output {missing[0]} is never computed (a constant output?)")
@@ -437,6 +454,11 @@ class _Importer:
             if not (in_types and in_types[0].quant is not None and kop in _SHAPE_PRESERVING):
                 raise self.err(f"operator {k} ({opname}): {e}") from None
             inferred = in_types[0]
+        if tuple(inferred.shape) != tuple(t.shape) and self.tensors[out].get("dynamic") and \
+                getattr(self, "fold_op", None) is not None:
+            # an unrolled WHILE body: a dynamic shape (a lowered tensor list's slice) is known now
+            t = TensorType(inferred.shape, t.dtype, t.quant)
+            self.tensors[out]["shape"] = tuple(inferred.shape)
         if tuple(inferred.shape) != tuple(t.shape):
             raise self.err(f"operator {k} ({opname}): output {self.label(out)} has shape {list(t.shape)} but the "
                            f"op computes {list(inferred.shape)}")

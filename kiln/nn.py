@@ -5,6 +5,7 @@ from kiln.frontend.module import (  # noqa: F401
                                   ELU,
                                   GRU,
                                   LSTM,
+                                  SVDF,
                                   AvgPool2d,
                                   BatchNorm1d,
                                   BatchNorm2d,

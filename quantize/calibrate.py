@@ -120,17 +120,22 @@ def _per_input(graph, data):
 
 def observe(graph, data, batch_size=64, seed=0):
     """Run ``graph`` (float) on ``data`` (see :func:`_per_input`: [N, ...] per input) and return
-    {value name: Observer} for every input and every node output."""
+    {value name: Observer} for every input and every node output. A stateful graph (``graph.states``:
+    SVDF) runs the samples in order as one stream, at its own batch size, carrying the state, so
+    the ranges are those of a running stream."""
     arrays = _per_input(graph, data)
     rng = np.random.default_rng(seed)
     names = list(graph.inputs) + [n.name for n in graph.nodes]
     obs = {n: Observer(rng) for n in names}
-    cache = {}
+    cache, state = {}, {}
     nodes = [n.name for n in graph.nodes]
-    for i in range(0, len(arrays[0]), batch_size):
+    if graph.states:        # stateful (svdf): the samples are successive runs of one stream, the state carried
+        batch_size = graph.types[graph.inputs[0]].shape[0]
+    for i in range(0, len(arrays[0]) - (len(arrays[0]) % batch_size if graph.states else 0), batch_size):
         xs = [a[i:i + batch_size].astype(graph.types[name].dtype, copy=False) for a, name in zip(arrays, graph.inputs)]
         g = cache.get(len(xs[0])) or cache.setdefault(len(xs[0]), with_batch(graph, len(xs[0])))
-        _, kept = run(g, *xs, keep=nodes)
+        _, kept = run(g, *xs, keep=nodes + list(g.states.values()), params=state)
+        state = {s: kept[v] for s, v in g.states.items()}
         for name, x in zip(graph.inputs, xs):
             obs[name].update(x)
         for n in nodes:

@@ -26,7 +26,9 @@ from . import (  # noqa: F401
     reductions,
     resize,
     svdf,
+    svdf_quant,
     transpose_conv,
     variables,
+    while_loop,
 )
 from ._util import norm_axes  # noqa: F401

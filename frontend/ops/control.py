@@ -3,7 +3,7 @@ inputs bound to IF's operands) and each output is ``where(cond, then, else)``. F
 side effects (every op Kiln imports) that is the same result as running only the taken branch,
 and the graph stays static (a fixed schedule and arena, as on a microcontroller); the price is
 that both branches run. Branch subgraphs may hold IFs themselves (up to
-``tflite_import.MAX_SUBGRAPH_DEPTH`` levels). WHILE (a data-dependent trip count) is not imported.
+``tflite_import.MAX_SUBGRAPH_DEPTH`` levels). WHILE is unrolled at import (frontend/ops/while_loop.py).
 """
 from __future__ import annotations
 

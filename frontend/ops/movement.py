@@ -11,6 +11,7 @@ import numpy as np
 from .. import tflite_checks as chk
 from . import reduce_shape  # noqa: F401  (registers transpose, slice, reshape, concat first)
 from . import tflite_util as tfl
+from .split_export import export_as_split
 
 MAX_RANK = 5   # TFLite's STRIDED_SLICE, SLICE, TRANSPOSE (reference kernels) handle up to rank 5
 # op versions LiteRT's reference resolver registers (register_ref.cc) for the builtins below
@@ -217,8 +218,10 @@ def _tfl_slice(imp, k, op, ins, out):
     imp.values[out] = _emit_slice(imp, k, name, x, b, end, [1] * len(b), out)
 
 
-@tfl.exporter("slice", versions={"STRIDED_SLICE": 2})
+@tfl.exporter("slice", versions={"STRIDED_SLICE": 2, "SPLIT": 2})
 def _tfl_export_slice(e, n, act, out, int8):
+    if export_as_split(e, n, out):      # equal parts of one axis: one SPLIT (frontend/ops/split_export.py)
+        return
     it = e.g.types[n.inputs[0]]
     nd = len(it.shape)
     st = list(n.attrs["strides"] or [1] * nd)
