@@ -96,7 +96,7 @@ class Simulator:
         self.pkg, self.m = pkg, load_manifest(pkg)
         self.cl, self.ctx = _context()
         dev = self.ctx.devices[0]
-        if self.m.dtype != "float32" and "cl_khr_fp16" not in dev.extensions:
+        if self.m.dtype in ("float16", "bfloat16") and "cl_khr_fp16" not in dev.extensions:
             raise SimUnavailable(f"{pkg}: a {self.m.dtype} package needs an OpenCL device with cl_khr_fp16; "
                                  f"{dev.platform.version} on {dev.name} has none (cuda-sim runs float32 packages here)")
         self.queue = self.cl.CommandQueue(self.ctx)
