@@ -180,7 +180,7 @@ def _lower_passes():
         s_tir.transform.InjectPermutedLayout(), s_tir.transform.AnnotateIrregularLoop(),
         s_tir.transform.InjectSoftwarePipeline(), s_tir.transform.TransformMmaBufferLayout(),
         s_tir.transform.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(),
-        tirx.transform.BF16ComputeLegalize(), tirx.transform.NarrowDataType(32),
+        tirx.transform.BF16ComputeLegalize(), _narrow_data_type(),
         s_tir.transform.LoopPartition(), tirx.transform.VectorizeLoop(True),
         s_tir.transform.InjectVirtualThread(), s_tir.transform.InjectDoubleBuffer(),
         tirx.transform.StorageRewrite(), s_tir.transform.HoistIfThenElse(), tirx.transform.UnrollLoop(),
@@ -192,6 +192,25 @@ def _lower_passes():
         s_tir.transform.LowerThreadAllreduce(), s_tir.transform.MergeSharedMemoryAllocations(),
         tirx.transform.SplitHostDevice(),
     ]
+
+
+def _narrow_data_type():
+    """NarrowDataType(32), except on step functions marked ``cuda_int8.NO_NARROW`` (the int8
+    softmax: the pass's bound analysis fails on its Let-bound fixed-point temporaries)."""
+    import tvm
+    narrow = tvm.tirx.transform.NarrowDataType(32)
+
+    @tvm.ir.transform.module_pass(opt_level=0, name="kiln.NarrowDataTypeUnlessMarked")
+    def run(mod, _ctx):
+        keep = {gv: f for gv, f in mod.functions.items() if f.attrs is not None and cuda_int8.NO_NARROW in f.attrs}
+        if not keep:
+            return narrow(mod)
+        rest = {gv: f for gv, f in mod.functions.items() if gv not in keep}
+        out = narrow(tvm.IRModule(rest, attrs=mod.attrs)) if rest else mod
+        for gv, f in keep.items():
+            out[gv] = f
+        return out
+    return run
 
 
 def _lower(mod, target):
@@ -225,6 +244,11 @@ def schedule_gpu(name, func, target):
     naming the function and what each rule did when none does."""
     import tvm
     from tvm.s_tir import dlight as dl
+    if func.attrs is not None and func.attrs.get(cuda_int8.SCHEDULE) == "Serial":
+        f = cuda_int8.serial_schedule(func).with_attr("tirx.is_scheduled", True).with_attr("global_symbol", name) \
+            .with_attr(cuda_int8.NO_NARROW, True)
+        check_lowered(name, _lower(tvm.IRModule({name: f}), target))
+        return f, "Serial"
     errors = []
     for rule in RULES:
         try:

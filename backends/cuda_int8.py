@@ -34,14 +34,21 @@ from kiln.frontend.errors import KilnError
 from kiln.frontend.graph import Graph
 from kiln.frontend.ops.int8util import channel_params, per_tensor
 from kiln.frontend.ops.nn import fc_effective_scales
+from kiln.frontend.ops.reduce_shape import SOFTMAX_ACCUMULATION_INTEGER_BITS, softmax_params
 
+from . import gemmlowp, qmath
 from . import ops as _c_rules  # noqa: F401  (registers the C backend's int8 rules)
-from . import qmath
+from .ops_misc import softmax_exp_table
 from .lower import KernelBuilder, LoweringError, lower_node, register_pending
 from .ops_nn import _check_int8, _zp, quantized
 from .qmath import c
 
 STORAGE = "int8"          # the manifest's dtype for a quantised graph's package
+SCHEDULE = "kiln.gpu_schedule"    # PrimFunc attribute: "Serial" -> serial_schedule, not DLight
+NO_NARROW = "kiln.no_narrow"      # PrimFunc attribute: lowered without NarrowDataType
+# ops whose int8 rule the DLight rules cannot schedule: the softmax's chain of per-row
+# fixed-point stages made DLight (and lowering after it) run for over 10 minutes
+SERIAL_OPS = ("softmax",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +123,68 @@ def lower_dense(k, node, xs):
     return fc_double_epilogue(k, acc, tx, tw, ty, N, node.attrs["activation"])
 
 
-CUDA_RULES = {"dense": lower_dense}
+# ---- softmax --------------------------------------------------------------------------------
+def _rdbpot_var(x, e):
+    """RoundingDivideByPOT(x, e) for an int32 exponent expression ``e`` (0 <= e <= 31), with ``e``
+    repeated rather than Let-bound (a Let-bound exponent broke TVM's NarrowDataType: 'Detected
+    bound for re conflicts with memorization')."""
+    def body(xv):
+        mask = (c(1) << e) - c(1)
+        thr = (mask >> c(1)) + tirx.Select(xv < c(0), c(1), c(0))
+        return (xv >> e) + tirx.Select(tirx.bitwise_and(xv, mask) > thr, c(1), c(0))
+    return qmath.let("rx", x, body)
+
+
+def _newton(hd, prev):
+    return lambda *i: gemmlowp.newton_step(hd(*i), prev(*i))
+
+
+def lower_softmax(k, node, xs):
+    """int8 -> int8 softmax over the last axis, TFLite's reference kernel bit for bit: the exp
+    table and the row sum of ops_misc._softmax_int8, the reciprocal as ``_row_reciprocal``."""
+    x = xs[0]
+    tx, ty = k.type(node.inputs[0]), k.type(node.name)
+    if tx.dtype != "int8" or ty.dtype != "int8" or tx.quant is None:
+        k.fail(f"softmax on CUDA needs int8 input and output, got {tx} -> {ty}")
+    if abs(ty.quant.scale[0] - 1 / 256) > 0.001 / 256 or ty.quant.zero_point[0] != -128:
+        k.fail(f"int8 softmax needs output scale 1/256 and zero point -128 (TFLite), got {ty}")
+    if node.attrs["axis"] % len(tx.shape) != len(tx.shape) - 1:
+        k.fail("int8 softmax runs over the last axis")
+    acc_bits = SOFTMAX_ACCUMULATION_INTEGER_BITS
+    mult, left, diff_min = softmax_params(tx.quant.scale[0])
+    tab_lo, tab_e = softmax_exp_table(mult, left, diff_min)
+    texp = k.const("exp", tab_e)
+    D, lead = tx.shape[-1], tx.shape[:-1]
+    R = lead or (1,)
+    r = te.reduce_axis((0, D), "r")
+    mx = te.compute(R, lambda *i: te.max(x[(i if lead else ()) + (r,)], axis=[r]), name="rowmax")
+
+    def exp(i, col):
+        dd = x[i + (col,)].astype("int32") - mx[i or (0,)].astype("int32")
+        return texp[dd + c(255)] if tab_lo == -255 else texp[tirx.max(dd, c(tab_lo - 1)) - c(tab_lo - 1)]
+    r2 = te.reduce_axis((0, D), "r2")
+    sm = te.compute(R, lambda *i: te.sum(((exp(i if lead else (), r2).astype("uint32") + tirx.const(
+        1 << (acc_bits - 1), "uint32")) >> tirx.const(acc_bits, "uint32")).astype("int32"), axis=[r2]), name="rowsum")
+
+    # GetReciprocal(sum, 12) in per-row stages, as ops_misc._softmax_int8 (each its own kernel)
+    clz = te.compute(R, lambda *i: gemmlowp.clz_positive(sm(*i)), name="rowclz")
+    xr = te.compute(R, lambda *i: ((sm(*i).astype("uint32") << clz(*i).astype("uint32"))
+                                   - tirx.const(1 << 31, "uint32")).astype("int32"), name="rowx")
+    hd = te.compute(R, lambda *i: gemmlowp.rounding_half_sum_max(xr(*i)), name="rowhalf")
+    nr = te.compute(R, lambda *i: c(1515870810) + qmath.srdhm(hd(*i), c(-1010580540)), name="nr0")
+    for it in range(3):
+        nr = te.compute(R, _newton(hd, nr), name=f"nr{it + 1}")
+    scale = te.compute(R, lambda *i: gemmlowp.srmbpot_tir(nr(*i), 1), name="rowscale")
+    nbits = te.compute(R, lambda *i: c(acc_bits) - clz(*i), name="rowbits")
+
+    def body(*i):
+        ri = i[:-1] or (0,)
+        v = _rdbpot_var(qmath.srdhm(scale[ri], exp(i[:-1], i[-1])), nbits[ri] + c(31 - 8))
+        return qmath.clamp(v - c(128), -128, 127).astype("int8")
+    return te.compute(ty.shape or (1,), body, name="softmax")
+
+
+CUDA_RULES = {"dense": lower_dense, "softmax": lower_softmax}
 
 
 def lower_int8_node(k, node, xs):
@@ -170,8 +238,21 @@ def node_funcs(graph: Graph):
         if missing:
             raise KilnError(f"cuda: node {node.name!r}: lowering reads unknown tensors {missing}")
         func = te.create_prim_func(used + [y])
+        if node.op in SERIAL_OPS:
+            func = func.with_attr(SCHEDULE, "Serial").with_attr(NO_NARROW, True)
         out.append((node, func, [phs[p] for p in used], tuple(int(s) for s in y.shape), str(y.dtype)))
     return out, made
+
+
+def serial_schedule(func):
+    """Every block of ``func`` in a kernel of its own, one thread walking its loops (for small
+    per-row stages such as the int8 softmax's, whose rows hold a few elements)."""
+    from tvm import s_tir
+    sch = s_tir.Schedule(func)
+    for b in sch.get_child_blocks(sch.get_sblock("root")):
+        loops = sch.get_loops(b)
+        sch.bind(sch.add_unit_loop(loops[0] if loops else b), "threadIdx.x")
+    return sch.mod["main"]
 
 
 def _used(y):
