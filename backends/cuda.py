@@ -195,8 +195,10 @@ def _lower_passes():
 
 
 def _narrow_data_type():
-    """NarrowDataType(32), except on step functions marked ``cuda_int8.NO_NARROW`` (the int8
-    softmax: the pass's bound analysis fails on its Let-bound fixed-point temporaries)."""
+    """NarrowDataType(32), except on step functions marked ``cuda_int8.NO_NARROW`` (int8 steps:
+    the pass's bound analysis fails on the Let-bound fixed-point temporaries of the
+    requantisation, 'Detected bound for mq conflicts with memorization'; their indices stay as
+    Relax typed them)."""
     import tvm
     narrow = tvm.tirx.transform.NarrowDataType(32)
 
@@ -258,6 +260,8 @@ def schedule_gpu(name, func, target):
                 continue
             sch = sch[0] if isinstance(sch, (list, tuple)) else sch
             f = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("global_symbol", name)
+            if func.attrs is not None and cuda_int8.NO_NARROW in func.attrs:
+                f = f.with_attr(cuda_int8.NO_NARROW, True)
             check_lowered(name, _lower(tvm.IRModule({name: f}), target))   # must lower and launch
             return f, rule
         except Exception as e:   # noqa: BLE001 - try the next rule, report all at the end
@@ -564,7 +568,8 @@ def steps_int8(st: CudaState):
     """Needs: relax_int8. ``steps`` with the int8 module's parameters."""
     import tvm
     st.values, st.steps, st.outs = extract_steps(st.mod, st.graph, params=st.int8_params)
-    st.tir_mod = tvm.IRModule({gv: f for gv, f in st.mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)})
+    st.tir_mod = tvm.IRModule({gv: f.with_attr(cuda_int8.NO_NARROW, True) for gv, f in st.mod.functions.items()
+                               if isinstance(f, tvm.tirx.PrimFunc)})
 
 
 # int8 graphs: their own first two passes, then the float path's

@@ -9,7 +9,7 @@ C override for int8, TFLite's reference kernels bit for bit, else the op's TE co
 movement), with a target that has no Kiln C kernels: convolutions, depthwise convolutions,
 pooling, ADD, MUL, softmax, the unary tables and the requantisation are plain TE computes with
 int32 accumulation and gemmlowp's SaturatingRoundingDoublingHighMul + RoundingDivideByPOT
-(``qmath.mbqm``, per-channel multipliers as weights) fused as their epilogue. Two rules differ:
+(``qmath.mbqm``, per-channel multipliers as weights) fused as their epilogue. What differs from the C backend:
 
 - ``dense``: LiteRT's reference FULLY_CONNECTED requantises in IEEE double
   (``round(double(acc) * eff)``, ties away from zero; ``frontend/ops/nn.py: fc_requantize``).
@@ -17,11 +17,15 @@ int32 accumulation and gemmlowp's SaturatingRoundingDoublingHighMul + RoundingDi
   here the kernel does the double multiply itself (GPUs and OpenCL CPUs have IEEE doubles) and
   rounds with an exact truncate-and-compare, so no ``round()`` of any runtime library is trusted.
   The per-channel ``eff`` values are float64 weights (never decimal literals in the source).
+- ``softmax``: the C rule's per-row stages, each its own single-thread kernel
+  (``serial_schedule``): DLight did not finish on the function in 10 minutes.
 - constants a rule makes at compile time (multipliers, shifts, tables: ``k.const``) become
   weights of the package named ``<node>_<tag>``.
 
 The Relax module is built from one ``call_tir`` per node (not ``emit_te``: a rule's constants are
 only known once it has run), then FuseOps/FuseTIR merge element-wise consumers as for float.
+Every int8 step is lowered without TVM's NarrowDataType (``NO_NARROW``), whose bound analysis
+fails on the requantisation's Let-bound temporaries once steps are fused.
 """
 from __future__ import annotations
 
@@ -38,14 +42,14 @@ from kiln.frontend.ops.reduce_shape import SOFTMAX_ACCUMULATION_INTEGER_BITS, so
 
 from . import gemmlowp, qmath
 from . import ops as _c_rules  # noqa: F401  (registers the C backend's int8 rules)
-from .ops_misc import softmax_exp_table
 from .lower import KernelBuilder, LoweringError, lower_node, register_pending
+from .ops_misc import softmax_exp_table
 from .ops_nn import _check_int8, _zp, quantized
 from .qmath import c
 
 STORAGE = "int8"          # the manifest's dtype for a quantised graph's package
 SCHEDULE = "kiln.gpu_schedule"    # PrimFunc attribute: "Serial" -> serial_schedule, not DLight
-NO_NARROW = "kiln.no_narrow"      # PrimFunc attribute: lowered without NarrowDataType
+NO_NARROW = "kiln.no_narrow"      # PrimFunc attribute: lowered without NarrowDataType (every int8 step)
 # ops whose int8 rule the DLight rules cannot schedule: the softmax's chain of per-row
 # fixed-point stages made DLight (and lowering after it) run for over 10 minutes
 SERIAL_OPS = ("softmax",)
@@ -125,9 +129,8 @@ def lower_dense(k, node, xs):
 
 # ---- softmax --------------------------------------------------------------------------------
 def _rdbpot_var(x, e):
-    """RoundingDivideByPOT(x, e) for an int32 exponent expression ``e`` (0 <= e <= 31), with ``e``
-    repeated rather than Let-bound (a Let-bound exponent broke TVM's NarrowDataType: 'Detected
-    bound for re conflicts with memorization')."""
+    """RoundingDivideByPOT(x, e) (qmath.rdbpot) for an int32 exponent expression ``e``
+    (0 <= e <= 31), with ``e`` repeated rather than Let-bound: one Let fewer per output element."""
     def body(xv):
         mask = (c(1) << e) - c(1)
         thr = (mask >> c(1)) + tirx.Select(xv < c(0), c(1), c(0))
@@ -141,7 +144,8 @@ def _newton(hd, prev):
 
 def lower_softmax(k, node, xs):
     """int8 -> int8 softmax over the last axis, TFLite's reference kernel bit for bit: the exp
-    table and the row sum of ops_misc._softmax_int8, the reciprocal as ``_row_reciprocal``."""
+    table, the row sum and gemmlowp's reciprocal in per-row stages as ops_misc._softmax_int8; the
+    step gets ``serial_schedule`` (``SERIAL_OPS``)."""
     x = xs[0]
     tx, ty = k.type(node.inputs[0]), k.type(node.name)
     if tx.dtype != "int8" or ty.dtype != "int8" or tx.quant is None:
