@@ -42,12 +42,13 @@ from kiln.frontend.ops.reduce_shape import SOFTMAX_ACCUMULATION_INTEGER_BITS, so
 
 from . import gemmlowp, qmath
 from . import ops as _c_rules  # noqa: F401  (registers the C backend's int8 rules)
+from .cuda_plan import INT8
 from .lower import KernelBuilder, LoweringError, lower_node, register_pending
 from .ops_misc import softmax_exp_table
 from .ops_nn import _check_int8, _zp, quantized
 from .qmath import c
 
-STORAGE = "int8"          # the manifest's dtype for a quantised graph's package
+STORAGE = INT8            # the manifest's dtype for a quantised graph's package
 SCHEDULE = "kiln.gpu_schedule"    # PrimFunc attribute: "Serial" -> serial_schedule, not DLight
 NO_NARROW = "kiln.no_narrow"      # PrimFunc attribute: lowered without NarrowDataType (every int8 step)
 # ops whose int8 rule the DLight rules cannot schedule: the softmax's chain of per-row

@@ -96,15 +96,20 @@ def _cuda_package(model, options, interpret):
     cuda = get_backend("cuda")
     p = os.fspath(model)
     if is_package(p):
-        return cuda.load(p, interpret=interpret, capture=options.get("capture", False))
-    return cuda.compile(load_model(p), {"out_dir": options.get("package"), "arch": options.get("arch", "sm_90"),
-                                        "dtype": options.get("dtype", "float32"), "interpret": interpret,
-                                        "capture": options.get("capture", False)})
+        pkg = cuda.load(p, interpret=interpret, capture=options.get("capture", False))
+    else:
+        pkg = cuda.compile(load_model(p), {"out_dir": options.get("package"), "arch": options.get("arch", "sm_90"),
+                                           "dtype": options.get("dtype", "float32"), "interpret": interpret,
+                                           "capture": options.get("capture", False)})
+    options["package_dtype"] = pkg.manifest.dtype     # for the comparison, after the folder is gone
+    return pkg
 
 
 def _cuda_dtype(model, options):
-    """The storage dtype of the CUDA package behind ``model``: a package folder's, the one a run
-    built (``options["package"]``), else ``--dtype``."""
+    """The storage dtype of the CUDA package behind ``model``: the one a run used (noted in
+    ``options["package_dtype"]`` by ``_cuda_package``), a package folder's, else ``--dtype``."""
+    if options.get("package_dtype"):
+        return options["package_dtype"]
     for p in (os.fspath(model) if model is not None else "", options.get("package") or ""):
         if p and is_package(p):
             m = load_manifest(p)
@@ -116,16 +121,15 @@ def _cuda_dtype(model, options):
 def cuda_tolerance(model, options):
     """A CUDA package's tolerance follows its storage dtype (a package folder's, or --dtype); an
     int8 package has none (0: its outputs are compared bit-exactly)."""
-    from kiln.backends.cuda_int8 import STORAGE  # TVM
-    from kiln.backends.cuda_plan import tolerance  # TVM
+    from kiln.backends.cuda_plan import INT8, tolerance
     dtype = _cuda_dtype(model, options)
-    return 0.0 if dtype == STORAGE else tolerance(dtype)
+    return 0.0 if dtype == INT8 else tolerance(dtype)
 
 
 def cuda_exact(model, options):
     """An int8 CUDA package's integer outputs compare bit-exactly (no tolerance)."""
-    from kiln.backends.cuda_int8 import STORAGE  # TVM
-    return _cuda_dtype(model, options) == STORAGE
+    from kiln.backends.cuda_plan import INT8
+    return _cuda_dtype(model, options) == INT8
 
 
 def run_cuda(model, samples, options):
