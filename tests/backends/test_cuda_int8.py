@@ -149,7 +149,7 @@ def test_kiln_compile_int8_for_cuda(tmp_path, capsys):
     out = str(tmp_path / "pkg")
     assert main(["compile", _model(SMALL), "--target", "cuda", "--arch", "sm_80", "-o", out, "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert rep["launches"] >= 10 and cuda.load_manifest(out).dtype == "int8"
+    assert rep["launches"] >= 10 and rep["dtype"] == "int8" and cuda.load_manifest(out).dtype == "int8"
 
 
 # ---- the other three models (minutes of TVM each) ------------------------------------------------
