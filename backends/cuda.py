@@ -36,7 +36,7 @@ from kiln.frontend.errors import KilnError
 from kiln.frontend.graph import Graph
 from kiln.frontend.types import TensorType
 
-from . import nvrtc, planner, tvm_te
+from . import cuda_int8, nvrtc, planner, tvm_te
 from .cuda_plan import (  # noqa: F401
     ALIGN,
     DTYPES,
@@ -77,9 +77,13 @@ def _align(n, a=ALIGN):
 # ---- fuse + steps -----------------------------------------------------------------------------
 def fuse(graph: Graph, dtype="float32", target=None, with_updates=False):
     """Relax module after FuseTIR (PrimFuncs unscheduled)."""
+    return fuse_module(tvm_te.to_relax(graph, dtype=dtype, with_updates=with_updates), target)
+
+
+def fuse_module(mod, target=None):
+    """A Relax module through LegalizeOps, FuseOps and FuseTIR (PrimFuncs unscheduled)."""
     import tvm
     from tvm import relax
-    mod = tvm_te.to_relax(graph, dtype=dtype, with_updates=with_updates)
     seq = [relax.transform.LegalizeOps(), relax.transform.DeadCodeElimination(),
            relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
            relax.transform.FuseTIR(), relax.transform.DeadCodeElimination()]
@@ -100,17 +104,20 @@ def _shape_dtype(ty):
     return tuple(int(s) for s in ty.shape.values), str(ty.dtype)
 
 
-def extract_steps(mod, graph: Graph, dtype="float32", with_updates=False):
+def extract_steps(mod, graph: Graph, dtype="float32", with_updates=False, params=None):
     """Steps of Relax ``main`` as data: values {name: {shape, dtype, kind}} and steps
-    [{func, args: [value names, inputs then outputs]}], plus the output value names."""
+    [{func, args: [value names, inputs then outputs]}], plus the output value names. ``params``
+    {name: (shape, dtype)} in ``main``'s parameter order replaces the graph's runtime arguments
+    (the int8 path, whose rules add constants)."""
     from tvm import relax
     main = mod["main"]
-    names = tvm_te.runtime_args(graph)
+    if params is None:
+        params = {n: (list(graph.types[n].shape), tvm_te.storage_dtype(graph.types[n], dtype))
+                  for n in tvm_te.runtime_args(graph)}
     values, steps, var_name = {}, [], {}
-    for p, n in zip(main.params, names):
-        t = graph.types[n]
+    for p, (n, (shape, dt)) in zip(main.params, params.items()):
         kind = "input" if n in graph.inputs else "weight"
-        values[n] = {"shape": list(t.shape), "dtype": tvm_te.storage_dtype(t, dtype), "kind": kind}
+        values[n] = {"shape": list(shape), "dtype": dt, "kind": kind}
         var_name[p] = n
     body = main.body
     blocks = body.blocks
@@ -173,7 +180,7 @@ def _lower_passes():
         s_tir.transform.InjectPermutedLayout(), s_tir.transform.AnnotateIrregularLoop(),
         s_tir.transform.InjectSoftwarePipeline(), s_tir.transform.TransformMmaBufferLayout(),
         s_tir.transform.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(),
-        tirx.transform.BF16ComputeLegalize(), tirx.transform.NarrowDataType(32),
+        tirx.transform.BF16ComputeLegalize(), _narrow_data_type(),
         s_tir.transform.LoopPartition(), tirx.transform.VectorizeLoop(True),
         s_tir.transform.InjectVirtualThread(), s_tir.transform.InjectDoubleBuffer(),
         tirx.transform.StorageRewrite(), s_tir.transform.HoistIfThenElse(), tirx.transform.UnrollLoop(),
@@ -185,6 +192,27 @@ def _lower_passes():
         s_tir.transform.LowerThreadAllreduce(), s_tir.transform.MergeSharedMemoryAllocations(),
         tirx.transform.SplitHostDevice(),
     ]
+
+
+def _narrow_data_type():
+    """NarrowDataType(32), except on step functions marked ``cuda_int8.NO_NARROW`` (int8 steps:
+    the pass's bound analysis fails on the Let-bound fixed-point temporaries of the
+    requantisation, 'Detected bound for mq conflicts with memorization'; their indices stay as
+    Relax typed them)."""
+    import tvm
+    narrow = tvm.tirx.transform.NarrowDataType(32)
+
+    @tvm.ir.transform.module_pass(opt_level=0, name="kiln.NarrowDataTypeUnlessMarked")
+    def run(mod, _ctx):
+        keep = {gv: f for gv, f in mod.functions.items() if f.attrs is not None and cuda_int8.NO_NARROW in f.attrs}
+        if not keep:
+            return narrow(mod)
+        rest = {gv: f for gv, f in mod.functions.items() if gv not in keep}
+        out = narrow(tvm.IRModule(rest, attrs=mod.attrs)) if rest else mod
+        for gv, f in keep.items():
+            out[gv] = f
+        return out
+    return run
 
 
 def _lower(mod, target):
@@ -218,6 +246,11 @@ def schedule_gpu(name, func, target):
     naming the function and what each rule did when none does."""
     import tvm
     from tvm.s_tir import dlight as dl
+    if func.attrs is not None and func.attrs.get(cuda_int8.SCHEDULE) == "Serial":
+        f = cuda_int8.serial_schedule(func).with_attr("tirx.is_scheduled", True).with_attr("global_symbol", name) \
+            .with_attr(cuda_int8.NO_NARROW, True)
+        check_lowered(name, _lower(tvm.IRModule({name: f}), target))
+        return f, "Serial"
     errors = []
     for rule in RULES:
         try:
@@ -227,6 +260,8 @@ def schedule_gpu(name, func, target):
                 continue
             sch = sch[0] if isinstance(sch, (list, tuple)) else sch
             f = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("global_symbol", name)
+            if func.attrs is not None and cuda_int8.NO_NARROW in func.attrs:
+                f = f.with_attr(cuda_int8.NO_NARROW, True)
             check_lowered(name, _lower(tvm.IRModule({name: f}), target))   # must lower and launch
             return f, rule
         except Exception as e:   # noqa: BLE001 - try the next rule, report all at the end
@@ -376,6 +411,7 @@ class CudaState:
     woff: dict = dataclasses.field(default_factory=dict)              # weights: {value: offset}
     plan_steps: list = dataclasses.field(default_factory=list)        # launch_plan: [manifest.Step]
     manifest: Manifest | None = None     # emit
+    int8_params: dict | None = None      # relax_int8: {main's parameter: (shape, dtype)}
     nvrtc: bool | None = None            # compile the .cu with NVRTC + ptxas (None: when installed)
     resources: dict = dataclasses.field(default_factory=dict)   # nvrtc: {arch: {kernel: resources}}
     t0: float = dataclasses.field(default_factory=time.time)
@@ -519,11 +555,34 @@ def compile_check(st: CudaState):
 PIPELINE = [relax, steps, lower, plan, weights, launch_plan, emit, compile_check]
 
 
+def relax_int8(st: CudaState):
+    """Needs: the input (a quantised graph). The graph as a fused Relax module built from the
+    int8 lowering rules (backends/cuda_int8.py); the rules' constants go to ``params``."""
+    st.target = gpu_target(st.arch)
+    mod, names, types, made = cuda_int8.to_relax(st.graph)
+    st.params, st.int8_params = made, {n: types[n] for n in names}
+    st.mod = fuse_module(mod, st.target)
+
+
+def steps_int8(st: CudaState):
+    """Needs: relax_int8. ``steps`` with the int8 module's parameters."""
+    import tvm
+    st.values, st.steps, st.outs = extract_steps(st.mod, st.graph, params=st.int8_params)
+    st.tir_mod = tvm.IRModule({gv: f.with_attr(cuda_int8.NO_NARROW, True) for gv, f in st.mod.functions.items()
+                               if isinstance(f, tvm.tirx.PrimFunc)})
+
+
+# int8 graphs: their own first two passes, then the float path's
+PIPELINE_INT8 = [relax_int8, steps_int8] + PIPELINE[2:]
+
+
 def compile(graph: Graph, out_dir, arch="sm_90", dtype="float32", with_updates=False, params=None, check=None):
     """Write a CUDA package for a float Kiln graph to ``out_dir``; returns ``out_dir``.
     ``dtype`` is the storage dtype of float32 values (float16/bfloat16 accumulate in float32).
     ``check``: compile the package with NVRTC and ptxas for ``arch`` (backends/nvrtc.py) and fail
     on a kernel over a GPU limit; None checks when NVRTC is installed."""
+    if cuda_int8.is_quantised(graph):
+        return _compile_int8(graph, out_dir, arch, dtype, with_updates, params, check)
     if dtype not in DTYPES:
         raise KilnError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     graph.validate()
@@ -532,6 +591,24 @@ def compile(graph: Graph, out_dir, arch="sm_90", dtype="float32", with_updates=F
     tvm_te.check_lowerable(graph, f"cuda ({arch})")
     st = CudaState(graph, out_dir, arch, dtype, with_updates, params, user_inputs, masks, nvrtc=check)
     for p in PIPELINE:
+        p(st)
+    return out_dir
+
+
+def _compile_int8(graph: Graph, out_dir, arch, dtype, with_updates, params, check):
+    """A quantised graph: PIPELINE_INT8, storage dtype ``cuda_int8.STORAGE``."""
+    if dtype not in ("float32", cuda_int8.STORAGE):
+        raise KilnError(f"graph {graph.name!r} is quantised: its package stores int8 values; --dtype {dtype} "
+                        f"applies to float graphs only")
+    if with_updates or params:
+        raise KilnError(f"graph {graph.name!r} is quantised: buffer updates and replaced parameters are for "
+                        f"float graphs")
+    graph.validate()
+    if graph.states:
+        raise KilnError(f"graph {graph.name!r} is stateful (states {', '.join(graph.states)}); cuda cannot keep "
+                        f"state between runs: use the reference or the C backend")
+    st = CudaState(graph, out_dir, arch, cuda_int8.STORAGE, user_inputs=list(graph.inputs), nvrtc=check)
+    for p in PIPELINE_INT8:
         p(st)
     return out_dir
 

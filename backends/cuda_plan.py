@@ -20,6 +20,7 @@ from .manifest import load_manifest as _load
 
 ALIGN = 256
 DTYPES = ("float32", "float16", "bfloat16")
+INT8 = "int8"     # the dtype of a quantised graph's package (backends/cuda_int8.py): compared exactly
 # absolute tolerance of a float package against the float32 NumPy reference, by storage dtype:
 # float32 kernels reorder sums (1e-4); float16 (10-bit mantissa) and bfloat16 (7-bit mantissa)
 # round every stored value, layer after layer, to ~1e-3 and ~8e-3 relative

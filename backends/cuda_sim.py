@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 import numpy as np
 
@@ -69,6 +70,9 @@ def opencl_source(pkg):
     d.pop("host", None)
     src = tvm.get_global_func("target.build.opencl")(finalize_device_passes()(tvm.IRModule(kernels)),
                                                       tvm.target.Target(d)).inspect_source()
+    # INT32_MIN as TVM prints it is a long in OpenCL C (2147483648 does not fit an int), which
+    # makes select(int, -2147483648, int) ambiguous (int8 fixed-point saturation): write it as an int
+    src = re.sub(r"(?<![\w.])-2147483648(?![\w.])", "(-2147483647 - 1)", src)
     with open(path, "w") as f:
         f.write(src)
     return src
@@ -96,7 +100,7 @@ class Simulator:
         self.pkg, self.m = pkg, load_manifest(pkg)
         self.cl, self.ctx = _context()
         dev = self.ctx.devices[0]
-        if self.m.dtype != "float32" and "cl_khr_fp16" not in dev.extensions:
+        if self.m.dtype in ("float16", "bfloat16") and "cl_khr_fp16" not in dev.extensions:
             raise SimUnavailable(f"{pkg}: a {self.m.dtype} package needs an OpenCL device with cl_khr_fp16; "
                                  f"{dev.platform.version} on {dev.name} has none (cuda-sim runs float32 packages here)")
         self.queue = self.cl.CommandQueue(self.ctx)

@@ -119,13 +119,13 @@ class CudaPackage:
 
 class CudaBackend:
     name = "cuda"
-    description = "CUDA package (TVM-generated .cu + launch plan) run with CuPy/NVRTC"
+    description = "CUDA package (TVM-generated .cu + launch plan; float or int8) run with CuPy/NVRTC"
     Options = CudaOptions
 
     def compile(self, graph, options=None) -> CudaPackage:
         from . import cuda  # TVM
         o = parse_options(self, options)
-        g = float_graph(graph, self.name)
+        g = load_model(graph)          # float graphs, and int8 ones (backends/cuda_int8.py)
         out = o.out_dir or tempfile.mkdtemp(prefix="kiln-cuda-")
         cuda.compile(g, out, arch=o.arch, dtype=o.dtype, with_updates=o.with_updates, params=o.params, check=o.check)
         return self.load(out, interpret=o.interpret, capture=o.capture)

@@ -18,6 +18,7 @@ import numpy as np
 
 from kiln import board_targets
 from kiln.backends import get_backend, is_package
+from kiln.backends.manifest import load_manifest
 from kiln.boards import board_names
 from kiln.frontend.errors import KilnError
 from kiln.frontend.loader import load_model
@@ -32,10 +33,16 @@ class Target:
     description: str = ""
     multi_io: bool = True       # runner takes/returns tuples of arrays (several inputs/outputs)
     tolerance_for: Callable | None = None   # (model, options) -> atol, when it depends on them
+    exact_for: Callable | None = None       # (model, options) -> exact, when it depends on them
 
     def tolerance(self, model=None, options=None):
         """The float tolerance for ``model`` run with ``options`` (e.g. a float16 CUDA package's)."""
         return self.tolerance_for(model, options or {}) if self.tolerance_for else self.atol
+
+    def is_exact(self, model=None, options=None):
+        """Whether integer outputs of ``model`` run with ``options`` compare bit-exactly (a CUDA
+        package: when it is an int8 one)."""
+        return self.exact_for(model, options or {}) if self.exact_for else self.exact
 
 
 def _shaped(graph, samples):
@@ -89,17 +96,40 @@ def _cuda_package(model, options, interpret):
     cuda = get_backend("cuda")
     p = os.fspath(model)
     if is_package(p):
-        return cuda.load(p, interpret=interpret, capture=options.get("capture", False))
-    return cuda.compile(load_model(p), {"out_dir": options.get("package"), "arch": options.get("arch", "sm_90"),
-                                        "dtype": options.get("dtype", "float32"), "interpret": interpret,
-                                        "capture": options.get("capture", False)})
+        pkg = cuda.load(p, interpret=interpret, capture=options.get("capture", False))
+    else:
+        pkg = cuda.compile(load_model(p), {"out_dir": options.get("package"), "arch": options.get("arch", "sm_90"),
+                                           "dtype": options.get("dtype", "float32"), "interpret": interpret,
+                                           "capture": options.get("capture", False)})
+    options["package_dtype"] = pkg.manifest.dtype     # for the comparison, after the folder is gone
+    return pkg
+
+
+def _cuda_dtype(model, options):
+    """The storage dtype of the CUDA package behind ``model``: the one a run used (noted in
+    ``options["package_dtype"]`` by ``_cuda_package``), a package folder's, else ``--dtype``."""
+    if options.get("package_dtype"):
+        return options["package_dtype"]
+    for p in (os.fspath(model) if model is not None else "", options.get("package") or ""):
+        if p and is_package(p):
+            m = load_manifest(p)
+            if m.is_cuda:
+                return m.dtype
+    return options.get("dtype", "float32")
 
 
 def cuda_tolerance(model, options):
-    """A CUDA package's tolerance follows its storage dtype (a package folder's, or --dtype)."""
-    from kiln.backends.cuda_plan import load_manifest, tolerance  # TVM
-    p = os.fspath(model) if model is not None else ""
-    return tolerance(load_manifest(p).dtype if p and is_package(p) else options.get("dtype", "float32"))
+    """A CUDA package's tolerance follows its storage dtype (a package folder's, or --dtype); an
+    int8 package has none (0: its outputs are compared bit-exactly)."""
+    from kiln.backends.cuda_plan import INT8, tolerance
+    dtype = _cuda_dtype(model, options)
+    return 0.0 if dtype == INT8 else tolerance(dtype)
+
+
+def cuda_exact(model, options):
+    """An int8 CUDA package's integer outputs compare bit-exactly (no tolerance)."""
+    from kiln.backends.cuda_plan import INT8
+    return _cuda_dtype(model, options) == INT8
 
 
 def run_cuda(model, samples, options):
@@ -125,11 +155,11 @@ BACKEND_TARGETS = {t.name: t for t in (
     Target("host", run_host, exact=True, atol=1e-5, description="C package compiled by host gcc, run through ctypes"),
     Target("host-llvm", run_host_llvm, exact=False, atol=1e-5,
            description="float graph compiled by TVM (LLVM) for this CPU"),
-    Target("cuda", run_cuda, exact=False, atol=1e-4, tolerance_for=cuda_tolerance,
+    Target("cuda", run_cuda, exact=False, exact_for=cuda_exact, atol=1e-4, tolerance_for=cuda_tolerance,
            description="CUDA package (TVM-generated .cu + launch plan) run with CuPy/NVRTC"),
-    Target("cuda-sim", run_cuda_sim, exact=False, atol=1e-4, tolerance_for=cuda_tolerance,
+    Target("cuda-sim", run_cuda_sim, exact=False, exact_for=cuda_exact, atol=1e-4, tolerance_for=cuda_tolerance,
            description="CUDA package's scheduled kernels and launch plan run on the CPU with OpenCL (pocl)"),
-    Target("cuda-plan", run_cuda_plan, exact=False, atol=1e-5, tolerance_for=cuda_tolerance,
+    Target("cuda-plan", run_cuda_plan, exact=False, exact_for=cuda_exact, atol=1e-5, tolerance_for=cuda_tolerance,
            description="CUDA package's launch plan executed on the CPU (no GPU needed)"),
 )}
 

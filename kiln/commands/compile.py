@@ -57,10 +57,10 @@ def _run_cuda(args):
     with staged_dir(args.out, "package folder", last=FILE) as tmp:   # all of it or nothing
         m = get_backend("cuda").compile(graph, {"out_dir": tmp, "arch": args.arch, "dtype": args.dtype}).manifest
         save(graph, os.path.join(tmp, "graph.json"))
-    rep = {"model": graph.name, "target": "cuda", "arch": args.arch, "dtype": args.dtype, "package": args.out,
+    rep = {"model": graph.name, "target": "cuda", "arch": args.arch, "dtype": m.dtype, "package": args.out,
            "launches": m.launches, "kernels": len(m.kernels), "arena_bytes": m.arena_bytes,
            "weight_bytes": m.weights_bytes, "compile_seconds": round(time.time() - t0, 2)}
-    rep["text"] = (f"compiled {graph.name} for cuda ({args.arch}, {args.dtype}) -> {args.out}\n"
+    rep["text"] = (f"compiled {graph.name} for cuda ({args.arch}, {m.dtype}) -> {args.out}\n"
                    f"  {rep['launches']} launches of {rep['kernels']} kernels, arena {rep['arena_bytes']} B, weights {rep['weight_bytes']} B, "
                    f"{rep['compile_seconds']} s")
     res_file = os.path.join(args.out, "resources.json")

@@ -76,6 +76,7 @@ def verify(model, golden, target, atol=None, max_report=10, options=None, keep=F
     elapsed = time.time() - t0
     if atol is None:
         atol = t.tolerance(model, options)
+    exact_target = t.is_exact(model, options)
     results = []
     for k, ((_, wants), gots) in enumerate(zip(pairs, outs)):
         if len(gots) != len(wants):
@@ -84,7 +85,7 @@ def verify(model, golden, target, atol=None, max_report=10, options=None, keep=F
             continue
         per = []
         for j, (got, want) in enumerate(zip(gots, wants)):
-            exact = t.exact and want.dtype.kind in "iu"
+            exact = exact_target and want.dtype.kind in "iu"
             r = compare(got, want, exact, atol, max_report)
             r["output"] = j
             if len(wants) > 1:
@@ -105,7 +106,7 @@ def verify(model, golden, target, atol=None, max_report=10, options=None, keep=F
     ok = all(r["match"] for r in results) and len(outs) == len(pairs)
     return {"ok": ok, "model": str(model), "golden": str(golden), "target": target, "pairs": len(pairs),
             "matched": sum(r["match"] for r in results), "seconds": round(elapsed, 3),
-            "comparison": comparison_rule(t.exact, atol),
+            "comparison": comparison_rule(exact_target, atol),
             "build": build.kept, "results": results}
 
 

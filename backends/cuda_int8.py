@@ -1,0 +1,307 @@
+"""int8 graphs on CUDA: the C backend's int8 lowering rules as TE, in one Relax module per graph.
+
+A quantised graph takes the CUDA pipeline of ``backends/cuda.py`` with two passes of its own in
+front (``relax`` and ``steps``); scheduling (DLight), lowering, the arena plan, the weights blob,
+the launch plan, the emitted package and the NVRTC check are the float path's.
+
+Every node is lowered by the same rule the C backend uses for it (``lower.lower_node``: the op's
+C override for int8, TFLite's reference kernels bit for bit, else the op's TE compute for data
+movement), with a target that has no Kiln C kernels: convolutions, depthwise convolutions,
+pooling, ADD, MUL, softmax, the unary tables and the requantisation are plain TE computes with
+int32 accumulation and gemmlowp's SaturatingRoundingDoublingHighMul + RoundingDivideByPOT
+(``qmath.mbqm``, per-channel multipliers as weights) fused as their epilogue. What differs from the C backend:
+
+- ``dense``: LiteRT's reference FULLY_CONNECTED requantises in IEEE double
+  (``round(double(acc) * eff)``, ties away from zero; ``frontend/ops/nn.py: fc_requantize``).
+  The C backend emulates that in integers (``kiln_fc_s8``, a C helper a GPU kernel cannot call);
+  here the kernel does the double multiply itself (GPUs and OpenCL CPUs have IEEE doubles) and
+  rounds with an exact truncate-and-compare, so no ``round()`` of any runtime library is trusted.
+  The per-channel ``eff`` values are float64 weights (never decimal literals in the source).
+- ``softmax``: the C rule's per-row stages, each its own single-thread kernel
+  (``serial_schedule``): DLight did not finish on the function in 10 minutes.
+- constants a rule makes at compile time (multipliers, shifts, tables: ``k.const``) become
+  weights of the package named ``<node>_<tag>``.
+
+The Relax module is built from one ``call_tir`` per node (not ``emit_te``: a rule's constants are
+only known once it has run), then FuseOps/FuseTIR merge element-wise consumers as for float.
+Every int8 step is lowered without TVM's NarrowDataType (``NO_NARROW``), whose bound analysis
+fails on the requantisation's Let-bound temporaries once steps are fused.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from tvm import te, tirx
+
+from kiln.frontend.errors import KilnError
+from kiln.frontend.graph import Graph
+from kiln.frontend.ops.int8util import channel_params, per_tensor
+from kiln.frontend.ops.nn import fc_effective_scales
+from kiln.frontend.ops.reduce_shape import SOFTMAX_ACCUMULATION_INTEGER_BITS, softmax_params
+
+from . import gemmlowp, qmath
+from . import ops as _c_rules  # noqa: F401  (registers the C backend's int8 rules)
+from .cuda_plan import INT8
+from .lower import KernelBuilder, LoweringError, lower_node, register_pending
+from .ops_misc import softmax_exp_table
+from .ops_nn import _check_int8, _zp, quantized
+from .qmath import c
+
+STORAGE = INT8            # the manifest's dtype for a quantised graph's package
+SCHEDULE = "kiln.gpu_schedule"    # PrimFunc attribute: "Serial" -> serial_schedule, not DLight
+NO_NARROW = "kiln.no_narrow"      # PrimFunc attribute: lowered without NarrowDataType (every int8 step)
+# ops whose int8 rule the DLight rules cannot schedule: the softmax's chain of per-row
+# fixed-point stages made DLight (and lowering after it) run for over 10 minutes
+SERIAL_OPS = ("softmax",)
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaRuleTarget:
+    """What the C lowering rules ask of a target: no Kiln C kernels (no DSP/Helium helpers, no
+    ``call_extern`` of kiln_intrinsics.h), so every int8 rule takes its plain TE path."""
+    name: str = "cuda"
+    kernels: bool = False
+    helium: bool = False
+    softmax_helper: bool = False
+    optimize: str = "speed"
+
+
+RULE_TARGET = CudaRuleTarget()
+
+
+def is_quantised(graph: Graph) -> bool:
+    return any(t.quant is not None for t in graph.types.values())
+
+
+# ---- dense: LiteRT's double requantisation, in the kernel ------------------------------------
+def fc_double_epilogue(k, acc, tx, tw, ty, channels, act):
+    """acc (int32, bias added, channels last) -> int8 exactly as LiteRT's reference
+    FULLY_CONNECTED: ``v = double(acc) * eff[c]`` (one IEEE multiply, nothing to contract it
+    with), ``r = round(v)`` ties away from zero as ``trunc(v) + (|v - trunc(v)| >= 0.5)`` (the
+    difference is exact), saturated to int32, plus the zero point, clamped to the activation
+    range. ``v`` is clamped to [-2^31 - 1, 2^31] first so the int64 conversion is defined and
+    saturation is kept."""
+    s_in, _ = per_tensor(tx, "input", "dense")
+    s_out, zy = per_tensor(ty, "output", "dense")
+    ws, _, _ = channel_params(tw, channels, "dense")
+    eff = k.const("fc_eff", fc_effective_scales(s_in, ws, s_out).astype(np.float64))
+    lo, hi = qmath.activation_range(act, s_out, zy)
+    f64, i64 = "float64", "int64"
+
+    def body(*idx):
+        v = acc(*idx).astype(f64) * eff[idx[-1]]
+        vc = tirx.max(tirx.min(v, tirx.const(2.0 ** 31, f64)), tirx.const(-2.0 ** 31 - 1, f64))
+        return qmath.let("fv", vc, lambda u: qmath.let("ft", u.astype(i64), lambda t: _round_clamp(
+            u, t, zy, lo, hi), i64), f64)
+    return te.compute(acc.shape, body, name="requant")
+
+
+def _round_clamp(u, t, zy, lo, hi):
+    i64, f64 = "int64", "float64"
+    frac = u - t.astype(f64)
+    half = tirx.const(0.5, f64)
+    r = t + tirx.Select(frac >= half, c(1, i64), tirx.Select(frac <= -half, c(-1, i64), c(0, i64)))
+    r = tirx.max(tirx.min(r, c(2 ** 31 - 1, i64)), c(-2 ** 31, i64)) + c(zy, i64)
+    return tirx.max(tirx.min(r, c(hi, i64)), c(lo, i64)).astype("int8")
+
+
+def lower_dense(k, node, xs):
+    """int8 dense: int32 accumulation of (x - zx) * (w - zw), the bias, ``fc_double_epilogue``."""
+    tx, tw, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
+    if tx.dtype != "int8":
+        k.fail(f"dense with a {tx.dtype} input has no CUDA kernel (int8 only)")
+    _check_int8(k, node, [node.inputs[0], node.inputs[1], node.name])
+    x, w = xs[0], xs[1]
+    K, N, lead = tx.shape[-1], tw.shape[0], tx.shape[:-1]
+    zx = _zp(tx)
+    zws = tw.quant.zero_point
+    if len(set(zws)) != 1:
+        k.fail("int8 dense needs one weight zero point")
+    zw = int(zws[0])
+    kk = te.reduce_axis((0, K), "k")
+    acc = te.compute(lead + (N,), lambda *i: te.sum(
+        (x[i[:-1] + (kk,)].astype("int32") - c(zx)) * (w[i[-1], kk].astype("int32") - c(zw)), axis=[kk]), name="acc")
+    if len(xs) == 3:
+        bias = xs[2]
+        acc = te.compute(acc.shape, lambda *i: acc(*i) + bias[i[-1]], name="bias")
+    return fc_double_epilogue(k, acc, tx, tw, ty, N, node.attrs["activation"])
+
+
+# ---- softmax --------------------------------------------------------------------------------
+def _rdbpot_var(x, e):
+    """RoundingDivideByPOT(x, e) (qmath.rdbpot) for an int32 exponent expression ``e``
+    (0 <= e <= 31), with ``e`` repeated rather than Let-bound: one Let fewer per output element."""
+    def body(xv):
+        mask = (c(1) << e) - c(1)
+        thr = (mask >> c(1)) + tirx.Select(xv < c(0), c(1), c(0))
+        return (xv >> e) + tirx.Select(tirx.bitwise_and(xv, mask) > thr, c(1), c(0))
+    return qmath.let("rx", x, body)
+
+
+def _newton(hd, prev):
+    return lambda *i: gemmlowp.newton_step(hd(*i), prev(*i))
+
+
+def lower_softmax(k, node, xs):
+    """int8 -> int8 softmax over the last axis, TFLite's reference kernel bit for bit: the exp
+    table, the row sum and gemmlowp's reciprocal in per-row stages as ops_misc._softmax_int8; the
+    step gets ``serial_schedule`` (``SERIAL_OPS``)."""
+    x = xs[0]
+    tx, ty = k.type(node.inputs[0]), k.type(node.name)
+    if tx.dtype != "int8" or ty.dtype != "int8" or tx.quant is None:
+        k.fail(f"softmax on CUDA needs int8 input and output, got {tx} -> {ty}")
+    if abs(ty.quant.scale[0] - 1 / 256) > 0.001 / 256 or ty.quant.zero_point[0] != -128:
+        k.fail(f"int8 softmax needs output scale 1/256 and zero point -128 (TFLite), got {ty}")
+    if node.attrs["axis"] % len(tx.shape) != len(tx.shape) - 1:
+        k.fail("int8 softmax runs over the last axis")
+    acc_bits = SOFTMAX_ACCUMULATION_INTEGER_BITS
+    mult, left, diff_min = softmax_params(tx.quant.scale[0])
+    tab_lo, tab_e = softmax_exp_table(mult, left, diff_min)
+    texp = k.const("exp", tab_e)
+    D, lead = tx.shape[-1], tx.shape[:-1]
+    R = lead or (1,)
+    r = te.reduce_axis((0, D), "r")
+    mx = te.compute(R, lambda *i: te.max(x[(i if lead else ()) + (r,)], axis=[r]), name="rowmax")
+
+    def exp(i, col):
+        dd = x[i + (col,)].astype("int32") - mx[i or (0,)].astype("int32")
+        return texp[dd + c(255)] if tab_lo == -255 else texp[tirx.max(dd, c(tab_lo - 1)) - c(tab_lo - 1)]
+    r2 = te.reduce_axis((0, D), "r2")
+    sm = te.compute(R, lambda *i: te.sum(((exp(i if lead else (), r2).astype("uint32") + tirx.const(
+        1 << (acc_bits - 1), "uint32")) >> tirx.const(acc_bits, "uint32")).astype("int32"), axis=[r2]), name="rowsum")
+
+    # GetReciprocal(sum, 12) in per-row stages, as ops_misc._softmax_int8 (each its own kernel)
+    clz = te.compute(R, lambda *i: gemmlowp.clz_positive(sm(*i)), name="rowclz")
+    xr = te.compute(R, lambda *i: ((sm(*i).astype("uint32") << clz(*i).astype("uint32"))
+                                   - tirx.const(1 << 31, "uint32")).astype("int32"), name="rowx")
+    hd = te.compute(R, lambda *i: gemmlowp.rounding_half_sum_max(xr(*i)), name="rowhalf")
+    nr = te.compute(R, lambda *i: c(1515870810) + qmath.srdhm(hd(*i), c(-1010580540)), name="nr0")
+    for it in range(3):
+        nr = te.compute(R, _newton(hd, nr), name=f"nr{it + 1}")
+    scale = te.compute(R, lambda *i: gemmlowp.srmbpot_tir(nr(*i), 1), name="rowscale")
+    nbits = te.compute(R, lambda *i: c(acc_bits) - clz(*i), name="rowbits")
+
+    def body(*i):
+        ri = i[:-1] or (0,)
+        v = _rdbpot_var(qmath.srdhm(scale[ri], exp(i[:-1], i[-1])), nbits[ri] + c(31 - 8))
+        return qmath.clamp(v - c(128), -128, 127).astype("int8")
+    return te.compute(ty.shape or (1,), body, name="softmax")
+
+
+CUDA_RULES = {"dense": lower_dense, "softmax": lower_softmax}
+
+
+def lower_int8_node(k, node, xs):
+    """One node of a quantised graph as a TE tensor (the CUDA rule, else the C backend's)."""
+    rule = CUDA_RULES.get(node.op)
+    if rule is not None and quantized(k, node):
+        return rule(k, node, xs)
+    return lower_node(k, node, xs)
+
+
+# ---- the graph as PrimFuncs + a Relax main ----------------------------------------------------
+def _storage(dtype):
+    if dtype == "bool":
+        return "uint8"
+    if dtype in ("float16", "bfloat16", "float64", "int64", "int16"):
+        raise KilnError(f"values of dtype {dtype} are not supported in a CUDA int8 package")
+    return dtype
+
+
+def node_funcs(graph: Graph):
+    """Lower every node: [(node, PrimFunc, [argument value names], out shape, out dtype)] and the
+    constants the rules made {name: array}."""
+    register_pending()
+    consts = dict(graph.tensors())
+    made, out = {}, []
+    for node in graph.nodes:
+        k = KernelBuilder(graph, None, RULE_TARGET, consts)
+        k.node = node
+        phs = {}
+        xs = []
+        for j, v in enumerate(node.inputs):
+            t = graph.types[v]
+            # distinct names: launches_of matches kernel arguments to parameters by name too
+            ph = te.placeholder(t.shape or (1,), _storage(t.dtype), name=f"in{j}")
+            phs[ph] = v
+            xs.append(ph)
+        try:
+            y = lower_int8_node(k, node, xs)
+        except (LoweringError, NotImplementedError) as e:
+            raise KilnError(f"cuda: {e}") from None
+        want = graph.types[node.name]
+        if tuple(int(s) for s in y.shape) != (tuple(want.shape) or (1,)) or y.dtype != _storage(want.dtype):
+            raise KilnError(f"cuda: node {node.name!r} ({node.op}) lowered to {y.dtype}{list(y.shape)}, "
+                            f"the graph says {want}")
+        for ph, arg in k.placeholders.items():
+            if arg.kind == "const" and arg.name in k.extra_consts:
+                phs[ph] = arg.name
+                made[arg.name] = k.extra_consts[arg.name]
+        used = _used(y)
+        missing = [p.op.name for p in used if p not in phs]
+        if missing:
+            raise KilnError(f"cuda: node {node.name!r}: lowering reads unknown tensors {missing}")
+        func = te.create_prim_func(used + [y])
+        if node.op in SERIAL_OPS:
+            func = func.with_attr(SCHEDULE, "Serial").with_attr(NO_NARROW, True)
+        out.append((node, func, [phs[p] for p in used], tuple(int(s) for s in y.shape), str(y.dtype)))
+    return out, made
+
+
+def serial_schedule(func):
+    """Every block of ``func`` in a kernel of its own, one thread walking its loops (for small
+    per-row stages such as the int8 softmax's, whose rows hold a few elements)."""
+    from tvm import s_tir
+    sch = s_tir.Schedule(func)
+    for b in sch.get_child_blocks(sch.get_sblock("root")):
+        loops = sch.get_loops(b)
+        sch.bind(sch.add_unit_loop(loops[0] if loops else b), "threadIdx.x")
+    return sch.mod["main"]
+
+
+def _used(y):
+    seen, order, stack = set(), [], [y]
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if isinstance(t.op, te.PlaceholderOp):
+            order.append(t)
+        else:
+            stack.extend(t.op.input_tensors)
+    return order
+
+
+def to_relax(graph: Graph):
+    """(Relax module whose ``main`` takes ``runtime_args`` and returns the graph outputs,
+    runtime_args, the rules' constants)."""
+    from tvm import relax
+    funcs, made = node_funcs(graph)
+    names = list(graph.inputs)
+    for _, _, args, _, _ in funcs:
+        names += [a for a in args if a not in names and a not in graph.inputs and
+                  (a in made or a not in {n.name for n in graph.nodes})]
+    types = {n: (list(made[n].shape) or [1], str(made[n].dtype)) if n in made else
+             (list(graph.types[n].shape) or [1], _storage(graph.types[n].dtype)) for n in names}
+    bb = relax.BlockBuilder()
+    rvars = {n: relax.Var(_safe(n), relax.TensorType(types[n][0], types[n][1])) for n in names}
+    with bb.function("main", [rvars[n] for n in names]):
+        with bb.dataflow():
+            for node, func, args, shape, dtype in funcs:
+                gv = bb.add_func(func.with_attr("global_symbol", _safe(node.name)), _safe(node.name))
+                rvars[node.name] = bb.emit(relax.call_tir(gv, relax.Tuple([rvars[a] for a in args]),
+                                                          relax.TensorType(list(shape), dtype)),
+                                           name_hint=_safe(node.name))
+            for o in graph.outputs:
+                if o not in rvars:
+                    raise KilnError(f"cuda: output {o!r} is not computed by a node (a constant output)")
+            gv = bb.emit_output(relax.Tuple([rvars[o] for o in graph.outputs]))
+        bb.emit_func_output(gv)
+    return bb.get(), names, types, made
+
+
+def _safe(name):
+    s = "".join(ch if ch.isalnum() else "_" for ch in name)
+    return s if s and not s[0].isdigit() else "v_" + s
