@@ -69,12 +69,15 @@ def test_in_memory_backends_have_no_package_folder(tmp_path):
             get_backend(name).load(str(tmp_path))
 
 
-def test_server_backends_refuse_int8_models():
+def test_host_llvm_refuses_int8_models_and_cuda_takes_them(tmp_path):
+    """host-llvm compiles float graphs only; the cuda backend compiles int8 graphs too
+    (backends/cuda_int8.py), into an int8 package."""
     from kiln.frontend.graph import Graph
     from kiln.frontend.types import QParams, TensorType
     g = Graph("q")
     g.add_input("x", TensorType((2, 4), "int8", QParams(0.1, 0)))
     g.outputs = [g.add_node("reshape", ["x"], {"shape": [8]})]
-    for name in ("host-llvm", "cuda"):
-        with pytest.raises(KilnError, match=r"a quantised model; the .* backend runs float"):
-            get_backend(name).compile(g)
+    with pytest.raises(KilnError, match=r"a quantised model; the .* backend runs float"):
+        get_backend("host-llvm").compile(g)
+    pkg = get_backend("cuda").compile(g, {"out_dir": str(tmp_path / "pkg")})
+    assert pkg.manifest.dtype == "int8"
