@@ -54,6 +54,32 @@ def _lut(name, x, mult, shift, table):
         "la", tirx.Select(v < c(0), -v, v), lambda a: _lut16_tail(name, v, a, a >> c(frac), table, frac)))
 
 
+def _rq32(k, mults, tag):
+    """(accumulator, gate) -> clamp16(MBQM(accumulator, m[gate], shift[gate])): the int32
+    requantisation of TFLite Micro's int8 -> int16 FullyConnected."""
+    m = k.const(f"{tag}_m", np.asarray([v for v, _ in mults], np.int32))
+    left = k.const(f"{tag}_l", np.asarray([max(s, 0) for _, s in mults], np.int32))
+    right = k.const(f"{tag}_r", np.asarray([max(-s, 0) for _, s in mults], np.int32))
+    return lambda acc, g: clamp(mbqm(acc, m[g], (left[g], right[g])), -32768, 32767)
+
+
+def _requant(k, p, w, z, bias, which):
+    """(accumulator, gate, unit) -> the int16 gate product: int16 activations requantise with the
+    int64 MBQM of the 16x8 kernels (the bias added by ``_bias`` before); int8 ones add the bias
+    and ``-z * rowsum(W)`` (the input offset) in int32 and requantise with the int32 MBQM."""
+    tag = f"lstm16_{which}"
+    if p["dtype"] == "int16":
+        red, tot = _fc_consts(k, p[f"m{which}"], tag)
+        return lambda acc, g, j: _rq64(acc, red[g], tot[g])
+    rq = _rq32(k, p[f"m{which}"], tag)
+    off = -z * w.astype(np.int64).sum(axis=2) + (0 if bias is None else bias)
+    if not off.any():
+        return lambda acc, g, j: rq(acc, g)
+    wrapped = ((off + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)   # TFLM's int32 accumulator
+    offc = k.const(f"{tag}_off", wrapped)
+    return lambda acc, g, j: rq(acc + offc[g, j], g)
+
+
 def _acc_type(depth):
     return "int32" if depth * 32768 * 128 < (1 << 31) else I64
 
@@ -64,10 +90,10 @@ def _step(P, fx, h, cst, wh, t):
     at = _acc_type(H)
     rec = te.compute((4, N, H), lambda g, n, j: te.sum(h[n, rh].astype(at) * wh[g, j, rh].astype(at), axis=rh),
                      name=f"lstm16_rec{t}")
-    hm, hs, tab = P["hm"], P["hs"], P["table"]
+    tab = P["table"]
 
     def gate(g, n, j):
-        pre = clamp(fx[g, n, t, j].astype("int32") + _rq64(rec[g, n, j], hm[g], hs[g]), -32768, 32767)
+        pre = clamp(fx[g, n, t, j].astype("int32") + P["rq_h"](rec[g, n, j], g, j), -32768, 32767)
         return let("pre", pre, lambda v: tirx.Select(g == 2, _lut("tanh", v, 0, 0, tab).astype("int32"),
                                                       _lut("sigmoid", v, 0, 0, tab).astype("int32")))
     gates = te.compute((4, N, H), gate, name=f"lstm16_gates{t}")
@@ -83,8 +109,9 @@ def _step(P, fx, h, cst, wh, t):
 
     def hidden(n, j):
         tc = _lut("tanh", c2[n, j].astype("int32"), *P["tanh"], tab).astype("int32")
-        v = clamp(mbqm(tc * gates[3, n, j], c(mho), sho), -32768, 32767).astype("int16")
-        return v if P["width"] == H else tirx.if_then_else(j < c(H), v, tirx.const(0, "int16"))
+        lo, hi = P["range"]
+        v = clamp(mbqm(tc * gates[3, n, j], c(mho), sho) + c(P["z_h"]), lo, hi).astype(P["dtype"])
+        return v if P["width"] == H else tirx.if_then_else(j < c(H), v, tirx.const(0, P["dtype"]))
     return te.compute((N, P["width"]), hidden, name=f"lstm16_hidden{t}"), c2
 
 
@@ -115,27 +142,28 @@ def _keep_stages(sch, out_block):
     return None
 
 
-@int16_first("lstm", hints=False)
+@int16_first("lstm", claims=lambda t0, ty: ty.quant is not None and ty.dtype in ("int8", "int16"), hints=False)
 def lower_lstm_16x8(k, node, xs):
     ty = k.type(node.name)
     arrays = [k.value(v) for v in node.inputs]
     if any(arrays[j] is None for j in range(1, 13)):
-        k.fail("the 16x8 LSTM needs constant weights and biases")
+        k.fail("the quantised LSTM needs constant weights and biases")
     k.schedule(_keep_stages)
     p = lstm_16x8_params([k.type(v) for v in node.inputs], ty, node.attrs["cell_clip"])
-    xm, xsft = _fc_consts(k, p["mx"], "lstm16_x")
-    hm, hsft = _fc_consts(k, p["mh"], "lstm16_h")
-    P = dict(p, hm=hm, hs=hsft, table=k.const("sigtab", SIGMOID_TABLE_U16.astype(np.int32)))
-    x = xs[0]
-    Tn = int(x.shape[0] if node.attrs["time_major"] else x.shape[1])
-    N, H = (int(s) for s in xs[13].shape)
-    P["width"] = hidden_width(N, H, Tn, 2)
-    wx = k.const("lstm16_wx", np.stack([np.asarray(a, np.int8) for a in arrays[1:5]]))
-    wh = k.const("lstm16_wh", np.stack([np.asarray(a, np.int8) for a in arrays[5:9]]))
+    P = dict(p, table=k.const("sigtab", SIGMOID_TABLE_U16.astype(np.int32)))
+    info = np.iinfo(p["dtype"])
+    P["range"] = (int(info.min), int(info.max))
     x = xs[0]
     tm = node.attrs["time_major"]
     Tn, N, I = (int(s) for s in x.shape) if tm else (int(x.shape[1]), int(x.shape[0]), int(x.shape[2]))
-    H = int(wx.shape[1])
+    H = int(xs[13].shape[1])
+    P["width"] = hidden_width(N, H, Tn, info.bits // 8)
+    wxa = np.stack([np.asarray(a, np.int8) for a in arrays[1:5]])
+    wha = np.stack([np.asarray(a, np.int8) for a in arrays[5:9]])
+    wx, wh = k.const("lstm16_wx", wxa), k.const("lstm16_wh", wha)
+    b = np.stack([np.asarray(a, np.int64) for a in arrays[9:13]])
+    P["rq_h"] = _requant(k, p, wha, p["z_h"], None, "h")
+    rq_x = _requant(k, p, wxa, p["z_x"], b, "x")
     at = _acc_type(I)
     ri = te.reduce_axis((0, I), "ri")
 
@@ -143,8 +171,8 @@ def lower_lstm_16x8(k, node, xs):
         xv = x[t, n, ri] if tm else x[n, t, ri]
         return te.sum(xv.astype(at) * wx[g, j, ri].astype(at), axis=ri)
     acc = te.compute((4, N, Tn, H), xacc, name="lstm16_xacc")
-    bias = _bias(k, np.stack([np.asarray(a, np.int64) for a in arrays[9:13]]), at, I)
-    fx = te.compute((4, N, Tn, H), lambda g, n, t, j: _rq64(bias(acc[g, n, t, j], g, j), xm[g], xsft[g])
+    bias = _bias(k, b, at, I) if p["dtype"] == "int16" else (lambda a, g, j: a)
+    fx = te.compute((4, N, Tn, H), lambda g, n, t, j: rq_x(bias(acc[g, n, t, j], g, j), g, j)
                     .astype("int16"), name="lstm16_xproj")
     h, cst = xs[13], xs[14]
     hs = []

@@ -14,28 +14,17 @@ Per step (TFLite's ``lstm_eval.cc``)::
 The gradient (``vjp``) is backpropagation through time written with Kiln primitives (the forward
 recomputed step by step), so it is itself differentiable.
 
-int8 (TFLite's 8x8_16 integer LSTM, ``EvalInteger8x8_16``): int8 input, output and output state
-(one quantisation: the output state is the previous step's output), symmetric int8 weights,
-int32 biases, an int16 cell state whose scale is a power of two (2**-11 .. 2**-15 typical). The
-gate pre-activations are int16 Q3.12 (each matmul requantised by its effective scale
-``s_w * s_in / 2**-12`` and added with saturation), the gates gemmlowp's int16 logistic / tanh
-(Q0.15), the new cell ``rdbpot(f * c, 15) + rdbpot(i * g, 30 + log2 s_c)`` (saturating), the
-output ``o * tanh(c)`` requantised by ``2**-15 * 2**-15 / s_out`` to int8. Peephole, projection,
-layer-norm and CIFG LSTMs are not supported (the importer says so).
+int8 and int16 (TensorFlow Lite Micro's ``EvalLstm``): ``frontend/ops/recurrent_16x8.py``.
+Peephole, projection, layer-norm and CIFG LSTMs are not supported (the importer says so).
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from .. import fixedpoint as fp
 from .. import functional as F
 from ..errors import ShapeError
 from ..registry import LINEAR, QUANTIZABLE, Attr, defrule, register
 from ._util import tt
-from .int8util import f32, per_tensor
-from .recurrent_int16 import logistic16, sat16, tanh16, wrap16
 
 GATES = ("i", "f", "c", "o")
 LSTM_INPUTS = (["x"] + [f"w_x{g}" for g in GATES] + [f"w_h{g}" for g in GATES] + [f"b_{g}" for g in GATES]
@@ -178,98 +167,6 @@ def _lstm_vjp(n, xs, y, gy):
 
 
 defrule("lstm", "vjp")(_lstm_vjp)
-
-
-# ---- int8 reference: TFLite's EvalInteger8x8_16 ------------------------------------------------
-def _mbqm_acc(x, w, bias, mult, shift, prev):
-    """tensor_utils::MatrixBatchVectorMultiplyAccumulate (int8 x int8 -> int16 accumulate)."""
-    acc = x.astype(np.int64) @ w.astype(np.int64).T + bias
-    return sat16(fp.multiply_by_quantized_multiplier(acc, mult, shift) + prev)
-
-
-def _weight_scale(t, what):
-    s, z = per_tensor(t, what, "lstm")
-    if z != 0 or t.dtype != "int8":
-        raise ShapeError(f"lstm: int8 {what} must be symmetric int8 (zero point 0), got {t}")
-    return s
-
-
-def cell_scale_log2(t):
-    """log2 of the int16 cell state's scale (TFLite's CheckedLog2: a power of two)."""
-    if t.dtype != "int16" or t.quant is None:
-        raise ShapeError(f"lstm: the int8 LSTM's cell state c0 must be int16 with a power-of-two scale, got {t}")
-    s, z = per_tensor(t, "cell state", "lstm")
-    e = math.log(np.float32(s)) / math.log(2.0)
-    if abs(e - round(e)) >= 1e-3 or z != 0:
-        raise ShapeError(f"lstm: cell state scale {s} (zero point {z}) must be a power of two with zero point 0")
-    e = int(round(e))
-    if not -21 <= e <= -9:
-        raise ShapeError(f"lstm: cell state scale 2**{e} is out of range: TFLite's tanh needs 2**-21 .. 2**-9")
-    return e
-
-
-def lstm_int8_params(in_types, out_type, weights):
-    """Everything the integer kernel precomputes (TFLite's Prepare): effective multipliers,
-    zero-point-folded biases, the cell scale, the hidden requantisation."""
-    s_x, z_x = per_tensor(in_types[0], "input", "lstm")
-    s_h, z_h = per_tensor(in_types[13], "output state h0", "lstm")
-    s_o, z_o = per_tensor(out_type, "output", "lstm")
-    if (s_h, z_h) != (s_o, z_o):
-        raise ShapeError(f"lstm: the output state h0 {in_types[13]} and the output {out_type} must share "
-                         f"quantisation (the output state is the previous step's output)")
-    gate = np.float32(2.0 ** -12)
-    p = {"cell": cell_scale_log2(in_types[14]), "z_x": z_x, "z_h": z_h, "z_o": z_o}
-    for k in range(4):
-        for src, s_in, z_in, off in (("x", s_x, z_x, 1), ("h", s_h, z_h, 5)):
-            s_w = _weight_scale(in_types[off + k], f"{'input' if src == 'x' else 'recurrent'} weights "
-                                                   f"of gate {GATES[k]}")
-            eff = np.float32(np.float32(s_w) * np.float32(s_in)) / gate
-            p[f"m{src}{k}"] = fp.quantize_multiplier(float(eff))
-            w = weights[off + k].astype(np.int64)
-            p[f"b{src}{k}"] = -z_in * w.sum(axis=1)
-    eff_hidden = np.float32(np.float32(2.0 ** -15) / np.float32(s_o)) * np.float32(2.0 ** -15)
-    p["hidden"] = fp.quantize_multiplier(float(eff_hidden))
-    return p
-
-
-def _int8_step(p, xt, h, c, wx, wh, b, clip_q):
-    gates = []
-    for k in range(4):
-        g = _mbqm_acc(xt, wx[k], p[f"bx{k}"] + b[k], *p[f"mx{k}"], 0)
-        g = _mbqm_acc(h, wh[k], p[f"bh{k}"], *p[f"mh{k}"], g)
-        gates.append(tanh16(g, 3) if k == 2 else logistic16(g, 3))
-    i, f, g, o = gates
-    c = wrap16(fp.rounding_divide_by_pot(f * c, 15))
-    c = sat16(c + wrap16(fp.rounding_divide_by_pot(i * g, 30 + p["cell"])))
-    if clip_q > 0:
-        c = np.clip(c, -clip_q, clip_q)
-    tc = tanh16(c, 15 + p["cell"])
-    h = np.clip(fp.multiply_by_quantized_multiplier(o * tc, *p["hidden"]) + p["z_o"], -128, 127)
-    return h, c
-
-
-@defrule("lstm", "int8_ref")
-def lstm_int8(xs, attrs, in_types, out_type):
-    for j in (0, 13):
-        if in_types[j].dtype != "int8":
-            raise ShapeError(f"lstm: int8 reference needs an int8 {LSTM_INPUTS[j]}, got {in_types[j]}")
-    for j in range(9, 13):
-        if in_types[j].dtype != "int32":
-            raise ShapeError(f"lstm: int8 LSTM biases are int32, got {LSTM_INPUTS[j]} {in_types[j]}")
-    p = lstm_int8_params(in_types, out_type, xs)
-    s_c = f32(in_types[14].quant.scale[0])
-    clip = attrs["cell_clip"]
-    clip_q = int(np.float32(min(max(np.float32(clip) / np.float32(s_c), -32768.0), 32767.0))) if clip > 0 else 0
-    x = xs[0].astype(np.int64)
-    xb = np.swapaxes(x, 0, 1) if attrs["time_major"] else x
-    wx, wh, b = xs[1:5], xs[5:9], [v.astype(np.int64) for v in xs[9:13]]
-    h, c = xs[13].astype(np.int64), xs[14].astype(np.int64)
-    out = np.zeros(xb.shape[:2] + (wx[0].shape[0],), np.int64)
-    for t in range(xb.shape[1]):
-        h, c = _int8_step(p, xb[:, t], h, c, wx, wh, b, clip_q)
-        out[:, t] = h
-    out = np.swapaxes(out, 0, 1) if attrs["time_major"] else out
-    return np.ascontiguousarray(out).astype(np.int8)
 
 
 # ---- TE lowering (float): the input projections at once, then 3 stages per time step ----------

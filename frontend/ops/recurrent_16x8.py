@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import fixedpoint as fp
 from ..errors import ShapeError
+from ..registry import defrule
 from .int8util import per_tensor
 from .int16util import INT16, checked_log2, int16_branch, logistic16, mbqm64, tanh16
 from .recurrent import GATES, LSTM_INPUTS
@@ -38,19 +39,24 @@ def _sat16(v):
 
 
 def _check_types(in_types, out_type):
-    want = {0: INT16, 13: INT16, 14: INT16}
+    act = in_types[0].dtype
+    if act not in ("int8", INT16):
+        raise ShapeError(f"lstm: the quantised LSTM takes int8 or int16 activations, got input x {in_types[0]}")
+    bias = "int32" if act == "int8" else "int64"
+    want = {0: act, 13: act, 14: INT16}
     want.update({j: "int8" for j in range(1, 9)})
-    want.update({j: "int64" for j in range(9, 13)})
+    want.update({j: bias for j in range(9, 13)})
     for j, d in want.items():
         if in_types[j].dtype != d:
-            raise ShapeError(f"lstm: the 16x8 LSTM takes int16 activations and states, int8 weights and int64 "
-                             f"biases; {LSTM_INPUTS[j]} is {in_types[j]}")
-    if out_type.dtype != INT16:
-        raise ShapeError(f"lstm: the 16x8 LSTM's output is int16, got {out_type}")
-    for j, what in ((0, "input x"), (13, "output state h0"), (14, "cell state c0")):
+            raise ShapeError(f"lstm: the {act} LSTM takes {act} activations and output state, an int16 cell state, "
+                             f"int8 weights and {bias} biases; {LSTM_INPUTS[j]} is {in_types[j]}")
+    if out_type.dtype != act:
+        raise ShapeError(f"lstm: the {act} LSTM's output is {act}, got {out_type}")
+    symmetric = ((14, "cell state c0"),) if act == "int8" else ((0, "input x"), (13, "output state h0"),
+                                                                (14, "cell state c0"))
+    for j, what in symmetric:
         if per_tensor(in_types[j], what, "lstm")[1] != 0:
-            raise ShapeError(f"lstm: the 16x8 LSTM's {what} must have zero point 0 (symmetric int16), "
-                             f"got {in_types[j]}")
+            raise ShapeError(f"lstm: the {act} LSTM's {what} must have zero point 0 (symmetric), got {in_types[j]}")
     if per_tensor(out_type, "output", "lstm") != per_tensor(in_types[13], "output state h0", "lstm"):
         raise ShapeError(f"lstm: the output state h0 {in_types[13]} and the output {out_type} must share "
                          f"quantisation (the output state is the previous step's output)")
@@ -71,16 +77,18 @@ def _mul_multiplier(s1, s2, s_out):
 
 def lstm_16x8_params(in_types, out_type, clip):
     """What TFLite Micro's Prepare computes: the 8 FC multipliers, the 3 element-wise multiplication
-    multipliers, the cell tanh's input multiplier and shift, the quantised cell clip."""
+    multipliers, the cell tanh's input multiplier and shift, the quantised cell clip; the input and
+    hidden zero points (0 for int16) and the activation dtype."""
     _check_types(in_types, out_type)
-    s_x = per_tensor(in_types[0], "input x", "lstm")[0]
-    s_h = per_tensor(in_types[13], "output state h0", "lstm")[0]
+    s_x, z_x = per_tensor(in_types[0], "input x", "lstm")
+    s_h, z_h = per_tensor(in_types[13], "output state h0", "lstm")
     s_c = per_tensor(in_types[14], "cell state c0", "lstm")[0]
     p = {"mx": [_fc_multiplier(s_x, in_types[1 + k], f"input weights of gate {GATES[k]}") for k in range(4)],
          "mh": [_fc_multiplier(s_h, in_types[5 + k], f"recurrent weights of gate {GATES[k]}") for k in range(4)],
          "fc": _mul_multiplier(GATE_OUT_SCALE, s_c, s_c),
          "ig": _mul_multiplier(GATE_OUT_SCALE, GATE_OUT_SCALE, s_c),
-         "ho": _mul_multiplier(GATE_OUT_SCALE, GATE_OUT_SCALE, s_h)}
+         "ho": _mul_multiplier(GATE_OUT_SCALE, GATE_OUT_SCALE, s_h),
+         "z_x": z_x, "z_h": z_h, "dtype": in_types[0].dtype}
     power = checked_log2(s_c)[1]                     # TFLite Micro does not require a power of two
     if not -27 <= power <= 0:
         raise ShapeError(f"lstm: cell state scale {s_c} (about 2**{power}) is out of range: the 16x8 kernel's tanh "
@@ -93,10 +101,14 @@ def lstm_16x8_params(in_types, out_type, clip):
     return p
 
 
-def _fc(v, w, bias, m):
-    acc = v.astype(np.int64) @ w.astype(np.int64).T
+def _fc(p, v, z, w, bias, m):
+    """TFLite Micro's integer FullyConnected to int16: int64 accumulator and MBQM64 for int16
+    input, int32 accumulator, input offset ``-z`` and the int32 MBQM for int8 input."""
+    acc = (v - z) @ w.astype(np.int64).T
     if bias is not None:
         acc = acc + bias
+    if p["dtype"] == "int8":
+        return _sat16(fp.multiply_by_quantized_multiplier(acc, *m))
     return _sat16(mbqm64(acc, *m))
 
 
@@ -108,14 +120,15 @@ def step_16x8(p, xt, h, c, wx, wh, b):
     """One time step on int64 arrays [N, I], [N, H], [N, H]: (new h, new c)."""
     gates = []
     for k in range(4):
-        pre = _sat16(_fc(xt, wx[k], b[k], p["mx"][k]) + _fc(h, wh[k], None, p["mh"][k]))
+        pre = _sat16(_fc(p, xt, p["z_x"], wx[k], b[k], p["mx"][k]) + _fc(p, h, p["z_h"], wh[k], None, p["mh"][k]))
         gates.append(tanh16(pre, 0, 0) if k == 2 else logistic16(pre, 0, 0))
     i, f, g, o = (v.astype(np.int64) for v in gates)
     c = _sat16(_mul(f, c, p["fc"]) + _mul(i, g, p["ig"]))
     if p["clip"] > 0:
         c = np.clip(c, -p["clip"], p["clip"])
     tc = tanh16(c, *p["tanh"]).astype(np.int64)
-    h = _sat16(_mul(tc, o, p["ho"]))                 # the int16 hidden state's zero point is 0
+    info = np.iinfo(p["dtype"])
+    h = np.clip(fp.multiply_by_quantized_multiplier(tc * o, *p["ho"]) + p["z_h"], info.min, info.max)
     return h, c
 
 
@@ -131,7 +144,8 @@ def lstm_16x8(xs, attrs, in_types, out_type):
         h, c = step_16x8(p, xb[:, t], h, c, wx, wh, b)
         out[:, t] = h
     out = np.swapaxes(out, 0, 1) if attrs["time_major"] else out
-    return np.ascontiguousarray(out).astype(np.int16)
+    return np.ascontiguousarray(out).astype(p["dtype"])
 
 
+defrule("lstm", "int8_ref")(lstm_16x8)
 int16_branch("lstm", lstm_16x8)

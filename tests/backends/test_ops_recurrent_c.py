@@ -1,5 +1,6 @@
-"""The lstm op through the C backend on the host: int8 (TFLite's integer LSTM, kiln_lstm_* in
-kiln_intrinsics.h) bit-exact with the int8 reference, float (the op's TE compute) within 1e-5."""
+"""The lstm op through the C backend on the host: int8 (TensorFlow Lite Micro's LSTM,
+backends/ops_recurrent_int16.py) bit-exact with the int8 reference, float (the op's TE compute)
+within 1e-5."""
 import numpy as np
 import pytest
 
@@ -35,7 +36,7 @@ def test_lstm_float_on_host_c(tmp_path):
 @pytest.mark.parametrize("name", ["trained_lstm_int8.tflite", "trained_lstm.tflite"])
 def test_tflm_mnist_lstm_on_host_c(name, tmp_path):
     """TFLM's mnist_lstm models (28 steps, 20 units) compiled with the C backend: int8 bit-exact
-    with the int8 reference (itself bit-exact with LiteRT), float within 1e-5."""
+    with the int8 reference (itself bit-exact with TFLite Micro), float within 1e-5."""
     import os
 
     from kiln.frontend.tflite_import import load_tflite

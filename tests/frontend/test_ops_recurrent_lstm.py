@@ -1,7 +1,8 @@
-"""The lstm op (TFLite UNIDIRECTIONAL_SEQUENCE_LSTM): int8 bit-exact with LiteRT's reference
-kernels (TFLM's mnist_lstm model converted by TensorFlow, and random single-op models through
-Kiln's exporter), float against LiteRT float and PyTorch, gradients against finite differences
-and PyTorch, import -> export -> import round trips and the importer's errors."""
+"""The lstm op (TFLite UNIDIRECTIONAL_SEQUENCE_LSTM): int8 bit-exact with TensorFlow Lite Micro's
+interpreter (TFLM's mnist_lstm model converted by TensorFlow, and random single-op models through
+Kiln's exporter) and LiteRT's documented difference, float against LiteRT float and PyTorch,
+gradients against finite differences and PyTorch, import -> export -> import round trips and the
+importer's errors."""
 import os
 
 import numpy as np
@@ -14,6 +15,7 @@ from kiln.frontend.errors import KilnError
 from kiln.frontend.ops.recurrent import LSTM_INPUTS
 from kiln.frontend.tflite_import import load_tflite
 from kiln.quantize.tflite_export import export_tflite
+from tests.frontend.test_ops_recurrent_lstm16 import tflm_run, upto
 from tests.quantize.litert_util import assert_same, q
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "tflm_mnist_lstm")
@@ -41,18 +43,36 @@ def _mnist(name):
 @pytest.mark.parametrize("seed", range(4))
 def test_tflm_mnist_lstm_int8_bit_exact(seed):
     """TFLM's int8 MNIST LSTM (28 steps of 28 inputs, 20 units, TensorFlow's converter): the LSTM
-    output and the model output equal LiteRT's element for element."""
+    output (the model cut after the LSTM, exported by Kiln) and the model output equal TensorFlow
+    Lite Micro's element for element."""
     path, buf = _mnist("trained_lstm_int8.tflite")
     g = load_tflite(path)
     lstm = next(n for n in g.nodes if n.op == "lstm")
-    rng = np.random.default_rng(seed)
-    x = rng.integers(-128, 128, (1, 28, 28)).astype(np.int8)
-    want_out, want_lstm = litert_tensors(buf, x, ["tfl.unidirectional_sequence_lstm"])
-    g.outputs = g.outputs + [lstm.name]
-    got_out, got_lstm = run(g, x)
-    assert_same(got_lstm, want_lstm, "LSTM output")
-    assert_same(got_out, want_out, "model output")
+    x = np.random.default_rng(seed).integers(-128, 128, (1, 28, 28)).astype(np.int8)
+    cut = upto(g, lstm.name)
+    want_lstm = tflm_run(export_tflite(cut), x)
+    assert_same(run(cut, x)[0], want_lstm, "LSTM output")
+    assert_same(run(g, x)[0], tflm_run(buf, x), "model output")
     assert len(np.unique(want_lstm)) > 100          # the comparison covers the int8 range
+
+
+def test_tflm_mnist_lstm_int8_litert_difference():
+    """LiteRT's 8x8_16 kernel (gemmlowp gates, the unsaturated input product) differs from TFLM's,
+    which Kiln follows (docs/int8_ir.md): on mnist_lstm in 121 of 2,240 LSTM outputs over these 4
+    inputs, each by 1; the model outputs agree."""
+    path, buf = _mnist("trained_lstm_int8.tflite")
+    g = load_tflite(path)
+    lstm = next(n for n in g.nodes if n.op == "lstm")
+    g.outputs = g.outputs + [lstm.name]
+    diff = []
+    for seed in range(4):
+        x = np.random.default_rng(seed).integers(-128, 128, (1, 28, 28)).astype(np.int8)
+        want_out, want_lstm = litert_tensors(buf, x, ["tfl.unidirectional_sequence_lstm"])
+        got_out, got_lstm = run(g, x)
+        assert_same(got_out, want_out, "model output")
+        diff.append(np.abs(got_lstm.astype(np.int64) - want_lstm.astype(np.int64)))
+    diff = np.concatenate([d.ravel() for d in diff])
+    assert (diff.size, int(np.count_nonzero(diff)), int(diff.max())) == (2240, 121, 1)
 
 
 @pytest.mark.parametrize("seed", range(2))
@@ -120,18 +140,17 @@ def lstm_graph(rng, n, t, i, h, time_major=False, cell_clip=0.0, int8=True, cell
 
 @settings(max_examples=int(os.environ.get("KILN_HYPOTHESIS_EXAMPLES", 25)), deadline=None)
 @given(n=st.integers(1, 3), t=st.integers(1, 6), i=st.integers(1, 12), h=st.integers(1, 10),
-       time_major=st.booleans(), clip=st.sampled_from([0.0, 0.5, 3.0]), cell_log2=st.integers(-15, -10),
+       time_major=st.booleans(), clip=st.sampled_from([0.0, 0.5, 3.0]), cell_log2=st.integers(-21, -8),
        zx=st.integers(-128, 127), zo=st.integers(-128, 127), w_log2=st.floats(-9, -3),
        sx_log2=st.floats(-8, 0), so_log2=st.floats(-9, -3), seed=st.integers(0, 2 ** 31))
-def test_lstm_int8_matches_litert(n, t, i, h, time_major, clip, cell_log2, zx, zo, w_log2, sx_log2, so_log2, seed):
-    """Shapes, batch/time-major layouts, cell clips, cell scales 2**-15 .. 2**-10, input and
-    output zero points across int8, weight and activation scales: equal to LiteRT exactly."""
+def test_lstm_int8_matches_tflm(n, t, i, h, time_major, clip, cell_log2, zx, zo, w_log2, sx_log2, so_log2, seed):
+    """Shapes, batch/time-major layouts, cell clips, cell scales 2**-21 .. 2**-8, input and
+    output zero points across int8, weight and activation scales: equal to TFLite Micro exactly."""
     rng = np.random.default_rng(seed)
     g, xshape = lstm_graph(rng, n, t, i, h, time_major, clip, True, cell_log2, zx, zo, w_log2,
                            float(np.float32(2.0 ** sx_log2)), float(np.float32(2.0 ** so_log2)))
     x = rng.integers(-128, 128, xshape).astype(np.int8)
-    want = litert_tensors(export_tflite(g), x, [])[0]
-    assert_same(run(g, x)[0], want, "lstm int8")
+    assert_same(run(g, x)[0], tflm_run(export_tflite(g), x), "lstm int8")
 
 
 @pytest.mark.parametrize("time_major", [False, True])
@@ -266,13 +285,14 @@ def test_import_refuses_a_variable_tensor_read_by_another_op():
 @pytest.mark.slow
 @pytest.mark.qemu
 def test_tflm_mnist_lstm_int8_bit_exact_on_board(tmp_path):
-    """TFLM's int8 mnist_lstm on the emulated mps2-an386: every output equal to LiteRT's golden."""
+    """TFLM's int8 mnist_lstm on the emulated mps2-an386: every output equal to Kiln's reference
+    (itself bit-exact with TFLite Micro, test_tflm_mnist_lstm_int8_bit_exact)."""
     from kiln.commands.golden import golden
     from kiln.commands.verify import verify
     from kiln.frontend.loader import load_model
     from kiln.samples import random_inputs
     path, _ = _mnist("trained_lstm_int8.tflite")
     gold = str(tmp_path / "g.npz")
-    golden(path, gold, random_inputs(load_model(path), 3, seed=2))
+    golden(path, gold, random_inputs(load_model(path), 3, seed=2), oracle="reference")
     rep = verify(path, gold, "mps2-an386", options={"out": str(tmp_path / "board")})
     assert rep["ok"] and rep["matched"] == 3, rep["results"]
