@@ -1,23 +1,31 @@
-"""The 16x8 ``lstm``: TFLite Micro's ``EvalLstm<int16_t, int8_t, int16_t, int64_t>``
-(``micro/kernels/lstm_eval.h``, ``lstm_eval_common.cc``): int16 input, output and output state
-(zero point 0), symmetric int8 weights (one scale per tensor), int64 biases, an int16 cell state.
+"""The quantised ``lstm``: TFLite Micro's ``EvalLstm`` (``micro/kernels/lstm_eval.h``,
+``lstm_eval_common.cc``) for both its integer instantiations, the one definition of Kiln's int8
+and int16 LSTMs (``int8_ref`` and its int16 branch):
 
-LiteRT has no 16x8 UNIDIRECTIONAL_SEQUENCE_LSTM (its kernel takes int8 or float activations), so
-TFLite Micro's kernel is the definition. Per step and gate (forget, input, cell, output)::
+- 16x8 ``EvalLstm<int16_t, int8_t, int16_t, int64_t>``: int16 input, output and output state
+  (zero point 0), int64 biases; the gate products use int64 accumulators and the 16x8 kernels'
+  ``MBQM64``. LiteRT has no 16x8 LSTM, so TFLite Micro's kernel is the definition.
+- int8 ``EvalLstm<int8_t, int8_t, int16_t, int32_t>``: int8 input, output and output state (any
+  zero point: the FCs' input offset, the output's offset), int32 biases; int32 accumulators and
+  the int32 ``MBQM``. LiteRT's int8 kernel (``EvalInteger8x8_16``) differs by 1 in some values
+  (docs/int8_ir.md); Kiln follows TFLite Micro.
 
-    fx = clamp16(MBQM64(x W_x^T + b, m_x))      m_x from s_x * s_w_x / 2**-12 (double)
-    fh = clamp16(MBQM64(h W_h^T, m_h))          m_h from s_h * s_w_h / 2**-12
+Both take symmetric int8 weights (one scale per tensor) and an int16 cell state. Per step and
+gate (forget, input, cell, output)::
+
+    fx = clamp16(RQ(sum((x - z_x) W_x^T) + b, m_x))   m_x from s_x * s_w_x / 2**-12 (double)
+    fh = clamp16(RQ(sum((h - z_h) W_h^T), m_h))       m_h from s_h * s_w_h / 2**-12
     gate = sigmoid16(sat16(fx + fh))            the cell gate: tanh16; both TFLite's int16
                                                 LOGISTIC / TANH tables on Q3.12
     c = sat16(clamp16(MBQM(f * c, m_fc)) + clamp16(MBQM(i * g, m_ig)))   (clipped when cell_clip > 0)
-    h = clamp16(MBQM(tanh16(c) * o, m_h_out) + z_h)
+    h = clamp(MBQM(tanh16(c) * o, m_h_out) + z_h)    (to int8 or int16)
 
-``MBQM64`` is the 16x8 fully-connected requantisation (int64 accumulator, 16-bit multiplier),
-``MBQM`` the int32 one of the element-wise multiplications; the multipliers come from double
-scales: ``m_fc`` from ``2**-15 * s_c / s_c``, ``m_ig`` from ``2**-30 / s_c``, ``m_h_out`` from
-``2**-30 / s_h``. The cell tanh reads the cell as Q(15 + log2 s_c).(-log2 s_c) (log2 rounded as
-TFLite's ``CheckedLog2``). Peephole, projection, layer-norm and CIFG LSTMs are not supported by
-TFLite Micro's kernel; the importer refuses them.
+``RQ`` is ``MBQM64`` (int16) or ``MBQM`` (int8), ``MBQM`` the int32 requantisation of the
+element-wise multiplications; the multipliers come from double scales: ``m_fc`` from
+``2**-15 * s_c / s_c``, ``m_ig`` from ``2**-30 / s_c``, ``m_h_out`` from ``2**-30 / s_h``. The cell
+tanh reads the cell as Q(15 + log2 s_c).(-log2 s_c) (log2 rounded as TFLite's ``CheckedLog2``).
+Peephole, projection, layer-norm and CIFG LSTMs are not supported by TFLite Micro's kernel; the
+importer refuses them.
 """
 from __future__ import annotations
 

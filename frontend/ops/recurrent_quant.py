@@ -1,5 +1,6 @@
-"""Post-training quantisation of ``lstm`` (frontend/ops/recurrent.py) to TFLite's 8x8_16 integer LSTM,
-as TensorFlow's converter quantises a Keras LSTM:
+"""Post-training quantisation of ``lstm`` (frontend/ops/recurrent.py) to TFLite's int8 LSTM (int8
+activations, int16 cell state; computed as TFLite Micro does, recurrent_16x8.py), as TensorFlow's
+converter quantises a Keras LSTM:
 
 - input ``x``: int8 asymmetric from its calibrated range (as any activation);
 - the 8 gate weight matrices: int8 symmetric *per tensor* (narrow range, scale max|w| / 127);
@@ -58,7 +59,7 @@ def _const(conv, name, data, qp):
 
 def _lstm_convert(conv, n, dt):
     if dt not in ("int8", "int16"):
-        raise QuantizationError(f"node {n.name!r}: lstm quantises to int8 (TFLite's 8x8_16 LSTM) or int16 "
+        raise QuantizationError(f"node {n.name!r}: lstm quantises to int8 (TFLite's int8 LSTM) or int16 "
                                 f"(TFLite Micro's 16x8 LSTM) activations, not {dt}")
     tensors = conv.tensors
     missing = [v for v in n.inputs[1:] if v not in tensors]

@@ -6,7 +6,7 @@ UNIDIRECTIONAL_SEQUENCE_LSTM has 24 inputs (20 in old files): 0 input, 1-4 input
 a fresh interpreter starts them at zero), 20-23 layer-norm coefficients. Kiln imports the LSTM
 TensorFlow's converter writes for a Keras ``LSTM`` layer (no peephole, projection, layer norm or
 CIFG); the state tensors become zero constants (one inference from the zero state, as LiteRT
-after ``allocate_tensors``). int8 models (TFLite's 8x8_16 LSTM) carry five intermediates; the
+after ``allocate_tensors``). int8 models (int8 activations, int16 cell state) carry five intermediates; the
 fifth holds the hidden state's quantisation, which must be the output's.
 """
 from __future__ import annotations
