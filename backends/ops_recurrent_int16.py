@@ -1,12 +1,15 @@
-"""C lowering of the 16x8 ``lstm`` (TFLite Micro's ``EvalLstm<int16_t, int8_t, int16_t, int64_t>``,
+"""C lowering of the quantised ``lstm``, int8 and 16x8 (TFLite Micro's ``EvalLstm``,
 ``frontend/ops/recurrent_16x8.py``): portable C from TE, the reference's own multipliers.
 
-The input-to-gate products of every step in one stage (int32 accumulators when the input depth
-cannot overflow them, else int64), requantised with the int64 ``MultiplyByQuantizedMultiplier``
-of the 16x8 kernels to int16 in a second stage; then per step: the recurrent products of the 4
-gates, the activated gates (saturating add, TFLite's int16 sigmoid / tanh table), the new cell
-and the new hidden state. Every stage stays a loop nest of its own (no inlining, as the int8
-LSTM). int8 and float LSTMs keep their rules (``backends/ops_recurrent.py``).
+The input-to-gate products of every step in one stage: for int16 input (int32 accumulators when
+the input depth cannot overflow them, else int64) requantised with the int64
+``MultiplyByQuantizedMultiplier`` of the 16x8 kernels to int16 in a second stage; for int8 input
+int32 accumulators, the bias and the input offset ``-z_x * rowsum(W_x)`` added and the int32
+``MultiplyByQuantizedMultiplier`` applied where the gates read them. Then per step: the recurrent
+products of the 4 gates, the activated gates (saturating add, TFLite's int16 sigmoid / tanh
+table), the new cell and the new hidden state (int8 with the output zero point, or int16). Every
+stage stays a loop nest of its own (no inlining). Float LSTMs keep their rule
+(``backends/ops_recurrent.py``).
 """
 from __future__ import annotations
 
@@ -93,7 +96,7 @@ def _step(P, fx, h, cst, wh, t):
     tab = P["table"]
 
     def gate(g, n, j):
-        pre = clamp(fx[g, n, t, j].astype("int32") + P["rq_h"](rec[g, n, j], g, j), -32768, 32767)
+        pre = clamp(fx(g, n, t, j) + P["rq_h"](rec[g, n, j], g, j), -32768, 32767)
         return let("pre", pre, lambda v: tirx.Select(g == 2, _lut("tanh", v, 0, 0, tab).astype("int32"),
                                                       _lut("sigmoid", v, 0, 0, tab).astype("int32")))
     gates = te.compute((4, N, H), gate, name=f"lstm16_gates{t}")
@@ -172,8 +175,15 @@ def lower_lstm_16x8(k, node, xs):
         return te.sum(xv.astype(at) * wx[g, j, ri].astype(at), axis=ri)
     acc = te.compute((4, N, Tn, H), xacc, name="lstm16_xacc")
     bias = _bias(k, b, at, I) if p["dtype"] == "int16" else (lambda a, g, j: a)
-    fx = te.compute((4, N, Tn, H), lambda g, n, t, j: rq_x(bias(acc[g, n, t, j], g, j), g, j)
-                    .astype("int16"), name="lstm16_xproj")
+    if p["dtype"] == "int8":      # requantised where the gates read it: no int16 copy in the arena
+        def fx(g, n, t, j):
+            return rq_x(acc[g, n, t, j], g, j)
+    else:
+        fx16 = te.compute((4, N, Tn, H), lambda g, n, t, j: rq_x(bias(acc[g, n, t, j], g, j), g, j)
+                          .astype("int16"), name="lstm16_xproj")
+
+        def fx(g, n, t, j):
+            return fx16[g, n, t, j].astype("int32")
     h, cst = xs[13], xs[14]
     hs = []
     for t in range(Tn):
