@@ -81,6 +81,7 @@ def test_exported_model_runs_in_tflm_bit_exact(quantised):
 def test_module_lstm_quantises_to_16x8_with_float_io(clip):
     """nn.LSTM (batch 2, cell clip) with float graph I/O: TFLite Micro quantises the input and
     dequantises the output around the 16x8 LSTM, bit-exact with Kiln."""
+    kf.manual_seed(0)                       # the accuracy bound below is for these weights
     m = kf.LSTM(3, 5, cell_clip=clip)
     g = kf.trace(m, (2, 6, 3))
     rng = np.random.default_rng(1)
