@@ -40,11 +40,11 @@ from kiln.frontend.ops.int8util import channel_params, per_tensor
 from kiln.frontend.ops.nn import fc_effective_scales
 from kiln.frontend.ops.reduce_shape import SOFTMAX_ACCUMULATION_INTEGER_BITS, softmax_params
 
-from . import gemmlowp, qmath
 from . import ops as _c_rules  # noqa: F401  (registers the C backend's int8 rules)
+from . import qmath
 from .cuda_plan import INT8
-from .lower import KernelBuilder, LoweringError, lower_node, register_pending
-from .ops_misc import softmax_exp_table
+from .lower import KernelBuilder, LoweringError, _used_placeholders, lower_node, register_pending
+from .ops_misc import row_reciprocal, softmax_exp_table
 from .ops_nn import _check_int8, _zp, quantized
 from .qmath import c
 
@@ -139,10 +139,6 @@ def _rdbpot_var(x, e):
     return qmath.let("rx", x, body)
 
 
-def _newton(hd, prev):
-    return lambda *i: gemmlowp.newton_step(hd(*i), prev(*i))
-
-
 def lower_softmax(k, node, xs):
     """int8 -> int8 softmax over the last axis, TFLite's reference kernel bit for bit: the exp
     table, the row sum and gemmlowp's reciprocal in per-row stages as ops_misc._softmax_int8; the
@@ -171,16 +167,7 @@ def lower_softmax(k, node, xs):
     sm = te.compute(R, lambda *i: te.sum(((exp(i if lead else (), r2).astype("uint32") + tirx.const(
         1 << (acc_bits - 1), "uint32")) >> tirx.const(acc_bits, "uint32")).astype("int32"), axis=[r2]), name="rowsum")
 
-    # GetReciprocal(sum, 12) in per-row stages, as ops_misc._softmax_int8 (each its own kernel)
-    clz = te.compute(R, lambda *i: gemmlowp.clz_positive(sm(*i)), name="rowclz")
-    xr = te.compute(R, lambda *i: ((sm(*i).astype("uint32") << clz(*i).astype("uint32"))
-                                   - tirx.const(1 << 31, "uint32")).astype("int32"), name="rowx")
-    hd = te.compute(R, lambda *i: gemmlowp.rounding_half_sum_max(xr(*i)), name="rowhalf")
-    nr = te.compute(R, lambda *i: c(1515870810) + qmath.srdhm(hd(*i), c(-1010580540)), name="nr0")
-    for it in range(3):
-        nr = te.compute(R, _newton(hd, nr), name=f"nr{it + 1}")
-    scale = te.compute(R, lambda *i: gemmlowp.srmbpot_tir(nr(*i), 1), name="rowscale")
-    nbits = te.compute(R, lambda *i: c(acc_bits) - clz(*i), name="rowbits")
+    scale, nbits = row_reciprocal(sm, R, acc_bits)      # per-row stages, each its own kernel
 
     def body(*i):
         ri = i[:-1] or (0,)
@@ -238,7 +225,7 @@ def node_funcs(graph: Graph):
             if arg.kind == "const" and arg.name in k.extra_consts:
                 phs[ph] = arg.name
                 made[arg.name] = k.extra_consts[arg.name]
-        used = _used(y)
+        used = _used_placeholders(y)
         missing = [p.op.name for p in used if p not in phs]
         if missing:
             raise KilnError(f"cuda: node {node.name!r}: lowering reads unknown tensors {missing}")
@@ -258,20 +245,6 @@ def serial_schedule(func):
         loops = sch.get_loops(b)
         sch.bind(sch.add_unit_loop(loops[0] if loops else b), "threadIdx.x")
     return sch.mod["main"]
-
-
-def _used(y):
-    seen, order, stack = set(), [], [y]
-    while stack:
-        t = stack.pop()
-        if t in seen:
-            continue
-        seen.add(t)
-        if isinstance(t.op, te.PlaceholderOp):
-            order.append(t)
-        else:
-            stack.extend(t.op.input_tensors)
-    return order
 
 
 def to_relax(graph: Graph):

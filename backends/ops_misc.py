@@ -36,6 +36,22 @@ def _newton(hd, prev):
     return lambda *i: gemmlowp.newton_step(hd(*i), prev(*i))
 
 
+def row_reciprocal(sm, R, acc_bits):
+    """TFLite's GetReciprocal(sum, 12) of each row sum ``sm`` (shape ``R``), one small per-row TE
+    stage per step (no deep Let nesting): (scale, number of integer bits) per row. The int8 softmax
+    of the C backend and of CUDA share it."""
+    clz = te.compute(R, lambda *i: gemmlowp.clz_positive(sm(*i)), name="rowclz")
+    xr = te.compute(R, lambda *i: ((sm(*i).astype("uint32") << clz(*i).astype("uint32"))
+                                   - tirx.const(1 << 31, "uint32")).astype("int32"), name="rowx")
+    hd = te.compute(R, lambda *i: gemmlowp.rounding_half_sum_max(xr(*i)), name="rowhalf")
+    nr = te.compute(R, lambda *i: c(1515870810) + qmath.srdhm(hd(*i), c(-1010580540)), name="nr0")
+    for it in range(3):
+        nr = te.compute(R, _newton(hd, nr), name=f"nr{it + 1}")
+    scale = te.compute(R, lambda *i: gemmlowp.srmbpot_tir(nr(*i), 1), name="rowscale")
+    nbits = te.compute(R, lambda *i: c(acc_bits) - clz(*i), name="rowbits")
+    return scale, nbits
+
+
 def softmax_exp_table(mult, left, diff_min):
     """The int8 softmax's exp table: ``(lo, table)``. ``table[d - lo + 1]`` is gemmlowp's
     exp_on_negative_values of the rescaled difference ``d = x - max`` for ``d`` in ``[lo, 0]``,
@@ -105,17 +121,7 @@ def _softmax_int8(k, node, x, tx, ty):
                 >> tirx.const(acc_bits, "uint32")).astype("int32")
     sm = te.compute(lead or (1,), lambda *i: te.sum(term(exp(i if lead else (), r2)), axis=[r2]), name="rowsum")
 
-    # GetReciprocal(sum, 12): one small per-row stage per step (no deep Let nesting)
-    R = lead or (1,)
-    clz = te.compute(R, lambda *i: gemmlowp.clz_positive(sm(*i)), name="rowclz")
-    xr = te.compute(R, lambda *i: ((sm(*i).astype("uint32") << clz(*i).astype("uint32"))
-                                   - tirx.const(1 << 31, "uint32")).astype("int32"), name="rowx")
-    hd = te.compute(R, lambda *i: gemmlowp.rounding_half_sum_max(xr(*i)), name="rowhalf")
-    nr = te.compute(R, lambda *i: c(1515870810) + qmath.srdhm(hd(*i), c(-1010580540)), name="nr0")
-    for it in range(3):
-        nr = te.compute(R, _newton(hd, nr), name=f"nr{it + 1}")
-    scale = te.compute(R, lambda *i: gemmlowp.srmbpot_tir(nr(*i), 1), name="rowscale")
-    nbits = te.compute(R, lambda *i: c(acc_bits) - clz(*i), name="rowbits")
+    scale, nbits = row_reciprocal(sm, lead or (1,), acc_bits)
     k.schedule(lambda sch, out_block: decompose_reductions(sch))   # per-row stages stay separate
 
     def body(*i):
