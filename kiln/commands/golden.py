@@ -1,6 +1,7 @@
 """kiln golden MODEL -o G.npz: golden input/output pairs for `kiln verify`, from LiteRT's reference
-kernels (a .tflite model) or Kiln's reference executor (a Kiln graph), on the samples of a data
-file or on seeded random inputs."""
+kernels (a .tflite model; TensorFlow Lite Micro's interpreter where the two differ, kiln/tflm.py)
+or Kiln's reference executor (a Kiln graph), on the samples of a data file or on seeded random
+inputs."""
 from __future__ import annotations
 
 import os
@@ -12,8 +13,11 @@ from kiln.frontend.errors import KilnError
 from kiln.litert import run_litert
 from kiln.samples import golden_arrays, load_samples, random_inputs
 from kiln.targets import run_reference
+from kiln.tflm import oracle_for, run_tflm
 
-ORACLES = ("auto", "litert", "reference")
+ORACLES = ("auto", "litert", "tflm", "reference")
+WHO = {"litert": "LiteRT's reference kernels (BUILTIN_REF)", "tflm": "TensorFlow Lite Micro's interpreter",
+       "reference": "Kiln's reference executor"}
 
 
 def add_arguments(p):
@@ -27,18 +31,28 @@ def add_arguments(p):
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--oracle", default="auto", choices=ORACLES,
                    help="who computes the outputs: LiteRT's reference kernels (BUILTIN_REF; .tflite only), "
-                        "Kiln's reference executor, or auto (LiteRT for a .tflite, else Kiln)")
+                        "TensorFlow Lite Micro's interpreter (.tflite only; pip package tflite-micro), Kiln's "
+                        "reference executor, or auto (LiteRT for a .tflite, TensorFlow Lite Micro where the two "
+                        "differ: integer LSTM, int8 SVDF state; Kiln's reference for a Kiln graph)")
+
+
+def resolve(model, oracle="auto"):
+    """(oracle, why): ``auto`` resolved for ``model`` (why: the reason LiteRT is not asked, or None)."""
+    if oracle != "auto":
+        return oracle, None
+    return oracle_for(model) if os.fspath(model).endswith(".tflite") else ("reference", None)
 
 
 def golden(model, out, samples, oracle="auto"):
     """Write golden pairs for ``samples`` (tuples of input arrays) to ``out``; returns the oracle used."""
     is_tflite = os.fspath(model).endswith(".tflite")
-    if oracle == "auto":
-        oracle = "litert" if is_tflite else "reference"
+    oracle = resolve(model, oracle)[0]
+    if oracle in ("litert", "tflm") and not is_tflite:
+        raise KilnError(f"{model}: --oracle {oracle} needs a .tflite model")
     if oracle == "litert":
-        if not is_tflite:
-            raise KilnError(f"{model}: --oracle litert needs a .tflite model")
         outs = run_litert(model, samples, stream=bool(load_model(model).states))
+    elif oracle == "tflm":
+        outs = run_tflm(model, samples, stream=bool(load_model(model).states))
     else:
         outs = run_reference(load_model(model), samples)
     d = os.path.dirname(os.path.abspath(out))
@@ -62,8 +76,9 @@ def run(args):
     else:
         samples = random_inputs(g, args.inputs, args.seed)
         source = f"{args.inputs} random inputs (seed {args.seed})"
-    oracle = golden(args.model, args.out, samples, args.oracle)
-    who = "LiteRT's reference kernels (BUILTIN_REF)" if oracle == "litert" else "Kiln's reference executor"
-    return {"model": args.model, "golden": args.out, "pairs": len(samples), "oracle": oracle,
+    oracle, why = resolve(args.model, args.oracle)
+    golden(args.model, args.out, samples, oracle)
+    return {"model": args.model, "golden": args.out, "pairs": len(samples), "oracle": oracle, "oracle_reason": why,
             "inputs": len(g.inputs), "outputs": len(g.outputs), "source": source,
-            "text": f"wrote {len(samples)} golden pairs to {args.out} ({who}, {source})"}
+            "text": f"wrote {len(samples)} golden pairs to {args.out} ({WHO[oracle]}, {source})"
+                    + (f"\noracle: {WHO[oracle]}, not LiteRT: {why}" if why else "")}

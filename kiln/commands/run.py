@@ -30,6 +30,7 @@ from kiln.litert import OracleUnsupported, run_litert
 from kiln.report import plot_roofline
 from kiln.samples import Samples, load_samples, random_inputs
 from kiln.targets import BACKEND_TARGETS, get_target, run_reference, run_target
+from kiln.tflm import oracle_for, run_tflm
 
 # float outputs of a board vs the NumPy reference: same float32 operations in a different order
 FLOAT_RTOL, FLOAT_ATOL = 1e-4, 1e-5
@@ -222,12 +223,17 @@ def _run_on(board, args, out, lab_map, lease=None):
     src = _tflite_source(args.model, pkg_dir)
     litert_skipped = None
     if src is not None:
+        oracle, why = oracle_for(src)     # TFLite Micro where it and LiteRT differ (kiln/tflm.py)
         try:
-            lite = run_litert(src, samples.inputs, stream=bool(graph.states))
+            if oracle == "tflm":
+                checks.append(check("TensorFlow Lite Micro's interpreter", board_outs,
+                                    run_tflm(src, samples.inputs, stream=bool(graph.states))))
+            elif oracle == "litert":
+                lite = run_litert(src, samples.inputs, stream=bool(graph.states))
+                checks.append(check("LiteRT's reference kernels (BUILTIN_REF)", board_outs, lite))
         except OracleUnsupported as e:     # TFLite Micro-only models: checked against the reference only
-            litert_skipped = str(e)
-        else:
-            checks.append(check("LiteRT's reference kernels (BUILTIN_REF)", board_outs, lite))
+            why = str(e)
+        litert_skipped = why
     man = hil.read_manifest(pkg_dir)
     ins = next((n for n in res.instructions if n), None)
     real = (not board.emulated) and (args.port is not None or (lab_map is not None and board.name in lab_map.boards()))

@@ -147,8 +147,9 @@ def test_a_reset_mid_stream_is_an_error_not_a_wrong_answer(tmp_path):
 @pytest.mark.slow
 @pytest.mark.qemu
 def test_kiln_run_8bit_keyword_model_on_board(tmp_path, capsys):
-    """`kiln run` streams the int8-state model on mps2-an386, bit-exact with the reference, and
-    says why LiteRT is not asked (it cannot run int8 SVDF states)."""
+    """`kiln run` streams the int8-state model on mps2-an386, bit-exact with the reference and with
+    TensorFlow Lite Micro's interpreter over the stream, and says why LiteRT is not asked (it cannot
+    run int8 SVDF states)."""
     from kiln.cli import main
     from tests.firmware.helpers import need_qemu, need_toolchain
     need_toolchain()
@@ -157,7 +158,8 @@ def test_kiln_run_8bit_keyword_model_on_board(tmp_path, capsys):
                "-o", str(tmp_path), "--json"])
     rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and rep["bit_exact"] and rep["samples"] == 4, rep
-    assert rep["compared_against"] == ["Kiln's reference executor"] and "int8 state" in rep["litert_skipped"]
+    assert rep["compared_against"] == ["Kiln's reference executor", "TensorFlow Lite Micro's interpreter"]
+    assert "int8 state" in rep["litert_skipped"] and all(c["match"] for c in rep["checks"])
 
 
 def test_state_saved_early_unless_read_later(tmp_path):

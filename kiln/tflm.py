@@ -1,0 +1,100 @@
+"""TensorFlow Lite Micro's interpreter as the oracle where LiteRT and TFLite Micro differ.
+
+The project's rule: where LiteRT's reference kernels and TFLite Micro compute different integer
+results, TFLite Micro is right (it is what runs on the boards Kiln targets). Known cases, each a
+function of the imported graph (:func:`tflm_only`):
+
+- the integer UNIDIRECTIONAL_SEQUENCE_LSTM: TFLite Micro's templated ``EvalLstm`` (int8 and 16x8;
+  Kiln computes it, frontend/ops/recurrent_16x8.py), where LiteRT runs its own 8x8_16 kernel
+  (results differ by 1 in some hidden-state elements) and has no 16x8 LSTM at all;
+- SVDF with an int8 state, which LiteRT's kernel reads as int16 (it corrupts memory).
+
+`kiln golden` and `kiln run` ask TFLite Micro (the ``tflite-micro`` pip package, installed with
+Kiln on Linux x86-64 / Python 3.11) for such models, and LiteRT for every other .tflite. Without
+the package they fall back to Kiln's reference executor, which follows TFLite Micro and is tested
+bit-exact against it.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import tflite
+
+from kiln.frontend.errors import KilnError
+from kiln.frontend.loader import load_model
+
+
+class TflmError(KilnError):
+    """TensorFlow Lite Micro's interpreter could not load or run the model."""
+
+
+def tflm_only(graph) -> str | None:
+    """Why LiteRT is not the oracle for ``graph`` (the first op where LiteRT and TFLite Micro
+    differ, named), or None when LiteRT is."""
+    for n in graph.nodes:
+        if n.op == "lstm" and graph.types[n.inputs[0]].dtype in ("int8", "int16"):
+            return (f"{n.name!r} is an {graph.types[n.inputs[0]].dtype} LSTM: LiteRT's integer LSTM differs from "
+                    f"TensorFlow Lite Micro's, which Kiln follows")
+        if n.op == "svdf_state" and graph.types[n.inputs[2]].dtype == "int8":
+            return (f"SVDF {n.name!r} keeps an int8 state, which only TensorFlow Lite Micro runs (LiteRT reads it "
+                    f"as int16)")
+    return None
+
+
+def available() -> bool:
+    try:
+        from tflite_micro.python.tflite_micro import runtime  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run_tflm(path, samples, stream=False) -> list[tuple]:
+    """One tuple of outputs per sample (each a tuple of input arrays, in the model's input order),
+    from TFLite Micro's interpreter. ``stream``: the samples are successive inputs of a stateful
+    model, run from the reset state with the variable tensors carried from one to the next;
+    otherwise the interpreter is reset (variables to zero) before every sample."""
+    try:
+        from tflite_micro.python.tflite_micro import runtime
+    except ImportError:
+        raise TflmError("TensorFlow Lite Micro's interpreter (pip package tflite-micro, Linux x86-64, Python 3.11) "
+                        "is not installed: `pip install tflite-micro`, or use Kiln's reference executor "
+                        "(--oracle reference)") from None
+    with open(os.fspath(path), "rb") as f:
+        data = f.read()
+    try:
+        sub = tflite.Model.GetRootAsModel(data, 0).Subgraphs(0)
+        n_in, n_out = sub.InputsLength(), sub.OutputsLength()
+        it = runtime.Interpreter.from_bytes(data)
+    except Exception as e:      # the runtime raises RuntimeError with TFLite Micro's log
+        raise TflmError(f"{path}: TensorFlow Lite Micro cannot load this model: {str(e).strip()[:500]}") from None
+    results = []
+    for xs in samples:
+        if len(xs) != n_in:
+            raise TflmError(f"{path}: a sample has {len(xs)} inputs, the model takes {n_in}")
+        try:
+            if not stream or not results:
+                it.reset()
+            for k, x in enumerate(xs):
+                d = it.get_input_details(k)
+                it.set_input(np.asarray(x).astype(d["dtype"], copy=False).reshape(d["shape"]), k)
+            it.invoke()
+        except Exception as e:
+            raise TflmError(f"{path}: TensorFlow Lite Micro's interpreter failed: {str(e).strip()[:500]}") from None
+        results.append(tuple(np.array(it.get_output(k), copy=True) for k in range(n_out)))
+    return results
+
+
+def oracle_for(path) -> tuple[str, str | None]:
+    """("litert" | "tflm" | "reference", why) for a .tflite model: LiteRT unless the model has an op
+    where it differs from TFLite Micro; then TFLite Micro when installed, else Kiln's reference."""
+    try:
+        why = tflm_only(load_model(path))
+    except KilnError:
+        return "litert", None           # LiteRT may still run what Kiln does not import
+    if why is None:
+        return "litert", None
+    if available():
+        return "tflm", why
+    return "reference", why + "; TensorFlow Lite Micro's interpreter (pip package tflite-micro) is not installed"
