@@ -260,6 +260,30 @@ static inline int32_t kiln_clamp_i32(int32_t v, int32_t lo, int32_t hi)
     return v < lo ? lo : (v > hi ? hi : v);
 }
 
+/* TFLite's MultiplyByQuantizedMultiplier(acc, m, shift) for any int32 acc: SRDHM(acc << lsh, m)
+ * (gemmlowp's SaturatingRoundingDoublingHighMul: round half away from zero, INT32_MIN * INT32_MIN
+ * saturates), then RoundingDivideByPOT by -rneg; lsh = max(shift, 0), rneg = min(shift, 0) */
+static inline int32_t kiln_mbqm(int32_t acc, int32_t mult, int32_t lsh, int32_t rneg)
+{
+    const int32_t a = (int32_t)((uint32_t)acc << lsh);   /* TFLite: x * (1 << left), wrapping */
+    int32_t v;
+    if (a == INT32_MIN && mult == INT32_MIN) {
+        v = INT32_MAX;
+    } else {
+        const int64_t ab = (int64_t)a * mult;
+        const int64_t nudge = ab >= 0 ? (1LL << 30) : (1 - (1LL << 30));
+        v = (int32_t)((ab + nudge) / (1LL << 31));
+    }
+    const int32_t e = -rneg;
+    if (e == 0) {
+        return v;
+    }
+    const int32_t mask = (int32_t)((1u << e) - 1u);
+    const int32_t rem = v & mask;
+    const int32_t thr = (mask >> 1) + (v < 0 ? 1 : 0);
+    return (v >> e) + (rem > thr ? 1 : 0);
+}
+
 /* acc2 = 2 * acc (weights and bias are stored doubled): (acc2 * m + 2^31) >> 32 is SMMULR. */
 static inline int32_t kiln_dw_requant(int32_t acc2, int32_t mult, int32_t halfz, int32_t shift)
 {

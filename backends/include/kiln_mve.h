@@ -36,27 +36,6 @@
 #endif
 
 /* ---- requantisation -------------------------------------------------------------------------- */
-static inline int32_t kiln_mve_mbqm1(int32_t acc, int32_t mult, int32_t lsh, int32_t rneg)
-{
-    const int32_t a = (int32_t)((uint32_t)acc << lsh);   /* TFLite: x * (1 << left), wrapping */
-    int32_t v;
-    if (a == INT32_MIN && mult == INT32_MIN) {
-        v = INT32_MAX;
-    } else {
-        const int64_t ab = (int64_t)a * mult;
-        const int64_t nudge = ab >= 0 ? (1LL << 30) : (1 - (1LL << 30));
-        v = (int32_t)((ab + nudge) / (1LL << 31));
-    }
-    const int32_t e = -rneg;
-    if (e == 0) {
-        return v;
-    }
-    const int32_t mask = (int32_t)((1u << e) - 1u);
-    const int32_t rem = v & mask;
-    const int32_t thr = (mask >> 1) + (v < 0 ? 1 : 0);
-    return (v >> e) + (rem > thr ? 1 : 0);
-}
-
 static inline int32_t kiln_mve_slot(int32_t c, int32_t perm)
 {
     if (perm == 16) {
@@ -69,7 +48,7 @@ static inline int32_t kiln_mve_slot(int32_t c, int32_t perm)
 static inline int32_t kiln_mve_out1(int32_t acc, const int32_t *q, int32_t slot, int32_t zy, int32_t lo, int32_t hi)
 {
     const int32_t *b = q + (slot >> 2) * 16 + (slot & 3);
-    int32_t v = kiln_mve_mbqm1(acc + b[0], b[4], b[8], b[12]) + zy;
+    int32_t v = kiln_mbqm(acc + b[0], b[4], b[8], b[12]) + zy;
     return v < lo ? lo : (v > hi ? hi : v);
 }
 
@@ -840,7 +819,7 @@ static inline int32x4_t kiln_mve_mbqm4(int32x4_t v, int32_t lsh, int32_t m, int3
 
 static inline int32_t kiln_mve_mbqm_s(int32_t v, int32_t lsh, int32_t m, int32_t rneg)
 {
-    return kiln_mve_mbqm1(lsh >= 32 ? 0 : v, m, lsh >= 32 ? 0 : lsh, rneg);
+    return kiln_mbqm(lsh >= 32 ? 0 : v, m, lsh >= 32 ? 0 : lsh, rneg);
 }
 
 /* p: {za, 20 + left shift 1, m1, -right shift 1, zb, 20 + left shift 2, m2, -right 2, left shift out,
@@ -894,5 +873,7 @@ static __attribute__((noinline, unused)) void kiln_mve_mul_s8(const int8_t *a, c
     }
 #endif
 }
+
+#include "kiln_svdf.h"   /* the SVDF kernels (DSP, Helium and portable paths) */
 
 #endif /* KILN_MVE_H */
