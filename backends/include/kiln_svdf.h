@@ -40,19 +40,18 @@ static __attribute__((noinline, unused)) void kiln_svdf_state_s16(const int8_t *
                                                                   int32_t mult, int32_t lsh, int32_t rneg, int32_t zs,
                                                                   const int16_t *st, int16_t *y)
 {
-    const int32_t ip = (I + 3) & ~3, n = F * M;
+    const int32_t ip = (I + 3) & ~3, n = F * M, F4 = F & ~3;
     for (int32_t b = 0; b < B; b++, x += I, st += n, y += n) {
         kiln_copy_s8((int8_t *)y, (const int8_t *)(st + 1), 2 * (n - 1));
         const int8_t *wp = w;
-        int32_t f = 0;
-        for (; f + 4 <= F; f += 4, wp += 4 * ip) {
+        for (int32_t f = 0; f < F4; f += 4, wp += 4 * ip) {
             int32_t acc[4] = {bias[f], bias[f + 1], bias[f + 2], bias[f + 3]};
             kiln_dot4_w8_z(x, wp, I, 0, acc);
             for (int32_t j = 0; j < 4; j++) {
                 y[(f + j) * M + M - 1] = kiln_svdf_col(acc[j], mult, lsh, rneg, zs);
             }
         }
-        for (; f < F; f++, wp += ip) {
+        for (int32_t f = F4; f < F; f++, wp += ip) {
             int32_t acc[1] = {bias[f]};
             kiln_dot1_w8_z(x, wp, I, 0, acc);
             y[f * M + M - 1] = kiln_svdf_col(acc[0], mult, lsh, rneg, zs);
