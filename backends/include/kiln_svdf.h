@@ -76,22 +76,7 @@ static __attribute__((noinline, unused)) void kiln_mve_svdf_state_s16(const int8
         const int32_t *qb = q;
         for (int32_t f = 0; f < F; f += 4, qb += 16) {
 #if KILN_HAVE_MVE
-            int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-            const int8_t *p = x;
-            for (int32_t k = 1; k < kc; k++, p += 16, wb += 64) {
-                const int8x16_t xv = vld1q_s8(p);
-                s0 = vmladavaq_s8(s0, xv, vld1q_s8(wb));
-                s1 = vmladavaq_s8(s1, xv, vld1q_s8(wb + 16));
-                s2 = vmladavaq_s8(s2, xv, vld1q_s8(wb + 32));
-                s3 = vmladavaq_s8(s3, xv, vld1q_s8(wb + 48));
-            }
-            const int8x16_t xv = vldrbq_z_s8(p, vctp8q((uint32_t)(I - ((kc - 1) << 4))));
-            s0 = vmladavaq_s8(s0, xv, vld1q_s8(wb));
-            s1 = vmladavaq_s8(s1, xv, vld1q_s8(wb + 16));
-            s2 = vmladavaq_s8(s2, xv, vld1q_s8(wb + 32));
-            s3 = vmladavaq_s8(s3, xv, vld1q_s8(wb + 48));
-            wb += 64;
-            const int32x4_t a = vaddq_s32(kiln_mve_vec4(s0, s1, s2, s3), vld1q_s32(qb));
+            const int32x4_t a = vaddq_s32(kiln_mve_dot4(x, &wb, I, kc), vld1q_s32(qb));
             const int32x4_t v = vaddq_n_s32(kiln_mve_rq4(a, qb, 0, -32768, 32767), zs);
             vstrhq_scatter_offset_p_s32(y + f * M + M - 1, off, v, vctp32q((uint32_t)(F - f)));
 #else
