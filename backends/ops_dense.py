@@ -62,7 +62,7 @@ def lower_dense(k, node, xs):
         k.fail("int8 dense needs one weight zero point")
     zw = zws[0]
     if k.target.kernels and zw == 0:
-        y = _dense_kernel(k, node, x, tx, tw, ty)
+        y = _dense_kernel(k, node, x, ty)
         if y is not None:
             return y
     if k.target.kernels and zw == 0 and k.value(node.inputs[1]) is not None:
@@ -137,11 +137,13 @@ def prepare_dense(w, bias, zx, s_in, w_scales, s_out, zy, act):
             "mstep": 0 if one else 1, "c1": c1, "c2": c2, "lo": lo, "hi": hi}
 
 
-def _dense_kernel(k, node, x, tx, tw, ty):
-    """One ``kiln_fc_mv_s8`` call for the layer, or None (weights or bias not constant, or an
-    input that is not a kernel argument)."""
+def kernel_operands(k, node, x):
+    """What a batch-1 dense kernel (``kiln_fc_mv_s8``, ops_helium's ``kiln_mve_fc_s8``) is
+    prepared from: (the arguments of ``prepare_dense`` / ``prepare_fc``, rows, K, N, output zero
+    point), or None (weights or bias not constant, or an input that is not a kernel argument)."""
     if not isinstance(x.op, te.PlaceholderOp):
         return None
+    tx, tw, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
     N, K = tw.shape
     w = k.value(node.inputs[1])
     b = k.value(node.inputs[2]) if len(node.inputs) >= 3 else np.zeros(N, np.int64)
@@ -150,18 +152,28 @@ def _dense_kernel(k, node, x, tx, tw, ty):
     s_in, zx = per_tensor(tx, "input", "dense")
     s_out, zy = per_tensor(ty, "output", "dense")
     ws, _, _ = channel_params(tw, N, "dense")
-    p = prepare_dense(np.asarray(w).reshape(N, K), b, zx, s_in, ws, s_out, zy, node.attrs["activation"])
+    rows = int(np.prod(tx.shape[:-1], dtype=np.int64))
+    return (np.asarray(w).reshape(N, K), b, zx, s_in, ws, s_out, zy, node.attrs["activation"]), rows, K, N, zy
+
+
+def _dense_kernel(k, node, x, ty):
+    """One ``kiln_fc_mv_s8`` call for the layer, or None (``kernel_operands``)."""
+    ops = kernel_operands(k, node, x)
+    if ops is None:
+        return None
+    args, rows, K, N, zy = ops
+    p = prepare_dense(*args)
     consts = (k.const("w_dense", p["stream"]), k.const("rq_m", p["m"]), k.const("rq_exact", p["rq"]))
     k.schedule(lambda sch, out_block: None)
-    rows = int(np.prod(tx.shape[:-1], dtype=np.int64))
-    return _dense_extern(x, consts, rows, K, N, p, zy, ty.shape)
+    return dense_extern("kiln_fc_mv_s8", x, consts, rows, K, N, p, zy, ty.shape)
 
 
-def _dense_extern(x, consts, rows, K, N, p, zy, out_shape):
+def dense_extern(fn, x, consts, rows, K, N, p, zy, out_shape):
+    """``fn(x, rows, K, N, *consts, mstep, c1, c2, zy, lo, hi, y)`` as one extern stage: the call
+    of ``kiln_fc_mv_s8`` and of ``kiln_mve_fc_s8``."""
     def fcompute(ins, outs):
-        xb, wb, mb, qb = ins
-        call = tirx.call_extern("void", "kiln_fc_mv_s8", xb.access_ptr("r"), c(rows), c(K), c(N), wb.access_ptr("r"),
-                                mb.access_ptr("r"), qb.access_ptr("r"), c(p["mstep"]),
+        call = tirx.call_extern("void", fn, ins[0].access_ptr("r"), c(rows), c(K), c(N),
+                                *[b.access_ptr("r") for b in ins[1:]], c(p["mstep"]),
                                 c(p["c1"], "uint32"), c(p["c2"], "uint32"), c(zy), c(p["lo"]), c(p["hi"]),
                                 outs[0].access_ptr("w"))
         return tirx.Evaluate(call)

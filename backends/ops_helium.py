@@ -7,15 +7,12 @@ to the previous rule. Imported by ``backends/ops.py`` after the modules whose ru
 from __future__ import annotations
 
 import numpy as np
-from tvm import te, tirx
 
-from kiln.frontend.ops.int8util import channel_params, per_tensor
 from kiln.frontend.registry import OPS
 
 from . import ops_dense, ops_elementwise, ops_mve, qmath  # noqa: F401  (ops_dense: the rule wrapped)
 from .lower import BACKEND, PENDING, lower_rule
-from .ops_mve import _extern_n, pack_gemm
-from .qmath import c
+from .ops_mve import pack_gemm
 
 
 def helium_first(op_name):
@@ -56,31 +53,19 @@ def lower_dense_mve(k, node, x):
     """int8 dense with constant weights (and bias), one weight zero point 0 and an input that is a
     kernel argument as one ``kiln_mve_fc_s8`` call; None otherwise."""
     tx, tw, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
-    if not isinstance(x.op, te.PlaceholderOp) or any(t.dtype != "int8" or t.quant is None for t in (tx, tw, ty)):
+    if any(t.dtype != "int8" or t.quant is None for t in (tx, tw, ty)):
         return None
     if any(int(z) for z in tw.quant.zero_point):
         return None
-    N, K = tw.shape
-    w = k.value(node.inputs[1])
-    b = k.value(node.inputs[2]) if len(node.inputs) >= 3 else np.zeros(N, np.int64)
-    if w is None or b is None:
+    ops = ops_dense.kernel_operands(k, node, x)
+    if ops is None:
         return None
-    s_in, zx = per_tensor(tx, "input", "dense")
-    s_out, zy = per_tensor(ty, "output", "dense")
-    ws, _, _ = channel_params(tw, N, "dense")
-    p = prepare_fc(np.asarray(w).reshape(N, K), b, zx, s_in, ws, s_out, zy, node.attrs["activation"])
+    args, rows, K, N, zy = ops
+    p = prepare_fc(*args)
     consts = [k.const("w_fc_mve", p["w"]), k.const("b_fc_mve", p["bias"]), k.const("m_fc_mve", p["m"]),
               k.const("rq_fc_mve", p["rq"])]
     k.schedule(lambda sch, out_block: None)
-    rows = int(np.prod(tx.shape[:-1], dtype=np.int64))
-
-    def fcompute(ins, outs):
-        xb, wb, bb, mb, qb = ins
-        return tirx.Evaluate(tirx.call_extern(
-            "void", "kiln_mve_fc_s8", xb.access_ptr("r"), c(rows), c(K), c(N), wb.access_ptr("r"),
-            bb.access_ptr("r"), mb.access_ptr("r"), qb.access_ptr("r"), c(p["mstep"]), c(p["c1"], "uint32"),
-            c(p["c2"], "uint32"), c(zy), c(p["lo"]), c(p["hi"]), outs[0].access_ptr("w")))
-    return _extern_n([x] + consts, fcompute, tuple(ty.shape), "dense")
+    return ops_dense.dense_extern("kiln_mve_fc_s8", x, consts, rows, K, N, p, zy, ty.shape)
 
 
 @helium_first("dense")

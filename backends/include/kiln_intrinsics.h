@@ -115,11 +115,13 @@ static inline uint32_t kiln_sxtab16_ror8(uint32_t acc, uint32_t x)
 #define KILN_DOTW_ST(J) acc[J] = s##J;
 #define KILN_DOTW_MAC(J) KILN_DOTW_STEP(s##J, J);
 #define KILN_DOTW_TL(J) KILN_DOTW_TAIL(s##J, J)
-#define KILN_DEF_DOTW(NB, NAME, ZERO)                                                         \
+/* one dot-product function: ALIGN, the packed weights' alignment; STEP, their bytes per group of 4
+ * reduction indices; MACS, the group's multiply-accumulates; TL(J), channel J's n % 4 tail */
+#define KILN_DEF_DOT(NB, NAME, ZERO, ALIGN, STEP, MACS, TL)                                    \
     static __attribute__((noinline, unused)) void NAME(const int8_t *a, const int8_t *wp, int32_t n, \
                                                        int32_t a_offset, int32_t *acc)           \
     {                                                                                        \
-        const int8_t *w = (const int8_t *)__builtin_assume_aligned(wp, 8);                   \
+        const int8_t *w = (const int8_t *)__builtin_assume_aligned(wp, ALIGN);               \
         const int zero_ = (ZERO);                                                            \
         int32_t i = 0;                                                                       \
         KILN_DOTW_ACC##NB(KILN_DOTW_LD)                                                      \
@@ -128,13 +130,15 @@ static inline uint32_t kiln_sxtab16_ror8(uint32_t acc, uint32_t x)
         if (zero_) {                                                                         \
             a_offset = 0;                                                                    \
         }                                                                                    \
-        for (; i + 4 <= n; i += 4, w += 8 * (NB)) {                                          \
+        for (; i + 4 <= n; i += 4, w += STEP) {                                              \
             KILN_DOTW_PREP();                                                                \
-            KILN_DOTW_ACC##NB(KILN_DOTW_MAC)                                                 \
+            MACS                                                                             \
         }                                                                                    \
-        KILN_DOTW_ACC##NB(KILN_DOTW_TL)                                                      \
+        KILN_DOTW_ACC##NB(TL)                                                                \
         KILN_DOTW_ACC##NB(KILN_DOTW_ST)                                                      \
     }
+#define KILN_DEF_DOTW(NB, NAME, ZERO) \
+    KILN_DEF_DOT(NB, NAME, ZERO, 8, 8 * (NB), KILN_DOTW_ACC##NB(KILN_DOTW_MAC), KILN_DOTW_TL)
 KILN_DEF_DOTW(4, kiln_dot4_w16_z, 1)
 KILN_DEF_DOTW(4, kiln_dot4_w16_o, 0)
 KILN_DEF_DOTW(2, kiln_dot2_w16_z, 1)
@@ -181,26 +185,8 @@ KILN_DEF_DOTW(1, kiln_dot1_w16_o, 0)
         S += ((int32_t)a[i + t] + a_offset) * (int32_t)w[4 * (J) + t];            \
     }
 #define KILN_DOTW8_TL(J) KILN_DOTW8_TAIL(s##J, J)
-#define KILN_DEF_DOTW8(NB, NAME, ZERO)                                                        \
-    static __attribute__((noinline, unused)) void NAME(const int8_t *a, const int8_t *wp, int32_t n, \
-                                                       int32_t a_offset, int32_t *acc)           \
-    {                                                                                        \
-        const int8_t *w = (const int8_t *)__builtin_assume_aligned(wp, 4 * (NB));            \
-        const int zero_ = (ZERO);                                                            \
-        int32_t i = 0;                                                                       \
-        KILN_DOTW_ACC##NB(KILN_DOTW_LD)                                                      \
-        KILN_DOTW_OFF2;                                                                      \
-        (void)zero_;                                                                         \
-        if (zero_) {                                                                         \
-            a_offset = 0;                                                                    \
-        }                                                                                    \
-        for (; i + 4 <= n; i += 4, w += 4 * (NB)) {                                          \
-            KILN_DOTW_PREP();                                                                \
-            KILN_DOTW8_MAC##NB                                                               \
-        }                                                                                    \
-        KILN_DOTW_ACC##NB(KILN_DOTW8_TL)                                                     \
-        KILN_DOTW_ACC##NB(KILN_DOTW_ST)                                                      \
-    }
+#define KILN_DEF_DOTW8(NB, NAME, ZERO) \
+    KILN_DEF_DOT(NB, NAME, ZERO, 4 * (NB), 4 * (NB), KILN_DOTW8_MAC##NB, KILN_DOTW8_TL)
 KILN_DEF_DOTW8(4, kiln_dot4_w8_z, 1)
 KILN_DEF_DOTW8(4, kiln_dot4_w8_o, 0)
 KILN_DEF_DOTW8(2, kiln_dot2_w8_z, 1)
@@ -258,6 +244,26 @@ static inline uint32_t kiln_pkhbt16(uint32_t lo, uint32_t hi)
 static inline int32_t kiln_clamp_i32(int32_t v, int32_t lo, int32_t hi)
 {
     return v < lo ? lo : (v > hi ? hi : v);
+}
+
+/* TFLite's MultiplyByQuantizedMultiplier(acc, m, shift) for any int32 acc: SRDHM(acc << lsh, m)
+ * (gemmlowp's SaturatingRoundingDoublingHighMul: round half away from zero, INT32_MIN * INT32_MIN
+ * saturates), then RoundingDivideByPOT by -rneg; lsh = max(shift, 0), rneg = min(shift, 0) */
+static inline int32_t kiln_mbqm(int32_t acc, int32_t mult, int32_t lsh, int32_t rneg)
+{
+    const int32_t a = (int32_t)((uint32_t)acc << lsh);   /* TFLite: x * (1 << left), wrapping */
+    /* gemmlowp's (ab + nudge) / 2^31, nudge 2^30 or 1 - 2^30 by the sign of ab, truncating, is
+     * floor((ab + 2^30) / 2^31) for every ab: one arithmetic shift (SMLAL and two shifts on the M4) */
+    const int32_t v = a == INT32_MIN && mult == INT32_MIN ? INT32_MAX
+                                                         : (int32_t)(((int64_t)a * mult + (1LL << 30)) >> 31);
+    const int32_t e = -rneg;
+    if (e == 0) {
+        return v;
+    }
+    const int32_t mask = (int32_t)((1u << e) - 1u);
+    const int32_t rem = v & mask;
+    const int32_t thr = (mask >> 1) + (v < 0 ? 1 : 0);
+    return (v >> e) + (rem > thr ? 1 : 0);
 }
 
 /* acc2 = 2 * acc (weights and bias are stored doubled): (acc2 * m + 2^31) >> 32 is SMMULR. */

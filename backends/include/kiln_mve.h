@@ -36,27 +36,6 @@
 #endif
 
 /* ---- requantisation -------------------------------------------------------------------------- */
-static inline int32_t kiln_mve_mbqm1(int32_t acc, int32_t mult, int32_t lsh, int32_t rneg)
-{
-    const int32_t a = (int32_t)((uint32_t)acc << lsh);   /* TFLite: x * (1 << left), wrapping */
-    int32_t v;
-    if (a == INT32_MIN && mult == INT32_MIN) {
-        v = INT32_MAX;
-    } else {
-        const int64_t ab = (int64_t)a * mult;
-        const int64_t nudge = ab >= 0 ? (1LL << 30) : (1 - (1LL << 30));
-        v = (int32_t)((ab + nudge) / (1LL << 31));
-    }
-    const int32_t e = -rneg;
-    if (e == 0) {
-        return v;
-    }
-    const int32_t mask = (int32_t)((1u << e) - 1u);
-    const int32_t rem = v & mask;
-    const int32_t thr = (mask >> 1) + (v < 0 ? 1 : 0);
-    return (v >> e) + (rem > thr ? 1 : 0);
-}
-
 static inline int32_t kiln_mve_slot(int32_t c, int32_t perm)
 {
     if (perm == 16) {
@@ -69,11 +48,32 @@ static inline int32_t kiln_mve_slot(int32_t c, int32_t perm)
 static inline int32_t kiln_mve_out1(int32_t acc, const int32_t *q, int32_t slot, int32_t zy, int32_t lo, int32_t hi)
 {
     const int32_t *b = q + (slot >> 2) * 16 + (slot & 3);
-    int32_t v = kiln_mve_mbqm1(acc + b[0], b[4], b[8], b[12]) + zy;
+    int32_t v = kiln_mbqm(acc + b[0], b[4], b[8], b[12]) + zy;
     return v < lo ? lo : (v > hi ? hi : v);
 }
 
 #if KILN_HAVE_MVE
+/* v + zy clamped to [lo, hi]; full ([lo, hi] = [-128, 127]): saturating VQADD, VQSHL #24, VSHR #24,
+ * which needs no vectors of lo and hi */
+static inline int32x4_t kiln_mve_clamp(int32x4_t v, int32_t zy, int32x4_t lo, int32x4_t hi, const int full)
+{
+    if (full) {
+        return vshrq_n_s32(vqshlq_n_s32(vqaddq_n_s32(v, zy), 24), 24);
+    }
+    return vminq_s32(vmaxq_s32(vaddq_n_s32(v, zy), lo), hi);
+}
+
+/* acc (bias added) of 4 slots -> MBQM with their multipliers, left shifts (VSHL only when lsh: some
+ * slot has one) and minus right shifts in vectors, + zy, clamped to [lo, hi] (kiln_mve_clamp) */
+static inline __attribute__((always_inline)) int32x4_t kiln_mve_rqv(int32x4_t acc, int32x4_t mult, int32x4_t lshv,
+                                                                    int32x4_t rneg, const int lsh, int32_t zy,
+                                                                    int32x4_t lo, int32x4_t hi, const int full)
+{
+    int32x4_t v = vqrdmulhq_s32(lsh ? vshlq_s32(acc, lshv) : acc, mult);
+    v = vqaddq_s32(v, vshrq_n_s32(vandq_s32(v, rneg), 31));
+    return kiln_mve_clamp(vrshlq_s32(v, rneg), zy, lo, hi, full);
+}
+
 /* acc (bias already added) of a block of 4 slots (qb: its 16 table words) -> int32 in [lo, hi] */
 static inline int32x4_t kiln_mve_rq4(int32x4_t acc, const int32_t *qb, int32_t zy, int32_t lo, int32_t hi)
 {
@@ -83,9 +83,7 @@ static inline int32x4_t kiln_mve_rq4(int32x4_t acc, const int32_t *qb, int32_t z
     v = vaddq_n_s32(vrshlq_s32(v, rneg), zy);
     return vminq_s32(vmaxq_s32(v, vdupq_n_s32(lo)), vdupq_n_s32(hi));
 }
-#endif
 
-#if KILN_HAVE_MVE
 /* kiln_mve_rq4 without VSHL when no channel has a left shift (lsh 0), and with the clamp as
  * kiln_mve_clamp's saturating form when [lo, hi] is the whole int8 range */
 static inline int32x4_t kiln_mve_rq4f(int32x4_t acc, const int32_t *qb, int32_t zy, int32_t lo, int32_t hi,
@@ -122,40 +120,6 @@ static inline int32x4_t kiln_mve_vec4(int32_t a, int32_t b, int32_t c, int32_t d
     return v;
 }
 
-/* requantise acc (bias added) with the block's multipliers, shifts and [lo, hi] in vectors */
-static inline int32x4_t kiln_mve_rqv(int32x4_t acc, int32x4_t mult, int32x4_t lshv, int32x4_t rneg, const int lsh,
-                                     int32_t zy, int32x4_t lo, int32x4_t hi)
-{
-    int32x4_t v = vqrdmulhq_s32(lsh ? vshlq_s32(acc, lshv) : acc, mult);
-    v = vqaddq_s32(v, vshrq_n_s32(vandq_s32(v, rneg), 31));
-    v = vaddq_n_s32(vrshlq_s32(v, rneg), zy);
-    return vminq_s32(vmaxq_s32(v, lo), hi);
-}
-
-/* four sums (bias not added) of the block whose table is qb -> int8 at y (n <= 4 of them) */
-static inline __attribute__((always_inline)) void kiln_mve_out4(int32_t s0, int32_t s1, int32_t s2, int32_t s3,
-                                                                const int32_t *qb, const int lsh, int32_t zy,
-                                                                int32x4_t lo, int32x4_t hi, int8_t *y, int32_t n)
-{
-    const int32x4_t v = kiln_mve_rqv(vaddq_s32(kiln_mve_vec4(s0, s1, s2, s3), vld1q_s32(qb)), vld1q_s32(qb + 4),
-                                     vld1q_s32(qb + 8), vld1q_s32(qb + 12), lsh, zy, lo, hi);
-    if (n >= 4) {
-        vstrbq_s32(y, v);
-    } else {
-        vstrbq_p_s32(y, v, vctp32q((uint32_t)n));
-    }
-}
-
-/* v + zy clamped to [lo, hi]; full ([lo, hi] = [-128, 127]): saturating VQADD, VQSHL #24, VSHR #24,
- * which needs no vectors of lo and hi */
-static inline int32x4_t kiln_mve_clamp(int32x4_t v, int32_t zy, int32x4_t lo, int32x4_t hi, const int full)
-{
-    if (full) {
-        return vshrq_n_s32(vqshlq_n_s32(vqaddq_n_s32(v, zy), 24), 24);
-    }
-    return vminq_s32(vmaxq_s32(vaddq_n_s32(v, zy), lo), hi);
-}
-
 /* one pixel's 4 outputs of the block: four VMLADAV, two VMOV, the requantisation (kiln_mve_rqv) */
 static inline __attribute__((always_inline)) int32x4_t kiln_mve_grp_px(int8x16_t x, int8x16_t w0, int8x16_t w1,
                                                                        int8x16_t w2, int8x16_t w3, int32x4_t bias,
@@ -163,11 +127,8 @@ static inline __attribute__((always_inline)) int32x4_t kiln_mve_grp_px(int8x16_t
                                                                        int32_t zy, int32x4_t lo, int32x4_t hi,
                                                                        const int lsh, const int full)
 {
-    int32x4_t v = vaddq_s32(kiln_mve_vec4(vmladavq_s8(x, w0), vmladavq_s8(x, w1), vmladavq_s8(x, w2),
-                                          vmladavq_s8(x, w3)), bias);
-    v = vqrdmulhq_s32(lsh ? vshlq_s32(v, lshv) : v, mult);
-    v = vqaddq_s32(v, vshrq_n_s32(vandq_s32(v, rneg), 31));
-    return kiln_mve_clamp(vrshlq_s32(v, rneg), zy, lo, hi, full);
+    const int32x4_t v = kiln_mve_vec4(vmladavq_s8(x, w0), vmladavq_s8(x, w1), vmladavq_s8(x, w2), vmladavq_s8(x, w3));
+    return kiln_mve_rqv(vaddq_s32(v, bias), mult, lshv, rneg, lsh, zy, lo, hi, full);
 }
 #define KILN_MVE_GRP_PX(x) kiln_mve_grp_px(x, w0, w1, w2, w3, bias, mult, lshv, rneg, zy, vlo, vhi, lsh, full)
 
@@ -192,10 +153,7 @@ static inline __attribute__((always_inline)) void kiln_mve_gemm_grp2(const int8_
                                         vmladavaq_s8(vmladavq_s8(x0, vld1q_s8(w + 16)), x1, vld1q_s8(w + 80)),
                                         vmladavaq_s8(vmladavq_s8(x0, vld1q_s8(w + 32)), x1, vld1q_s8(w + 96)),
                                         vmladavaq_s8(vmladavq_s8(x0, vld1q_s8(w + 48)), x1, vld1q_s8(w + 112)));
-            v = vaddq_s32(v, bias);
-            v = vqrdmulhq_s32(lsh ? vshlq_s32(v, lshv) : v, mult);
-            v = vqaddq_s32(v, vshrq_n_s32(vandq_s32(v, rneg), 31));
-            v = kiln_mve_clamp(vrshlq_s32(v, rneg), zy, vlo, vhi, full);
+            v = kiln_mve_rqv(vaddq_s32(v, bias), mult, lshv, rneg, lsh, zy, vlo, vhi, full);
             if (O - o >= 4) {
                 vstrbq_s32(yp, v);
             } else {
@@ -404,6 +362,14 @@ static inline const int8_t *kiln_mve_patch(const int8_t *x, int32_t H, int32_t W
     return patch;
 }
 
+/* a 1x1 conv without padding whose pixels all lie inside the input: the input pixel is the reduction
+ * (read in place, no patch) */
+static inline int32_t kiln_mve_direct(int32_t H, int32_t W, int32_t KH, int32_t KW, int32_t sh, int32_t sw, int32_t pt,
+                                      int32_t pl, int32_t oh, int32_t ow)
+{
+    return KH == 1 && KW == 1 && pt == 0 && pl == 0 && (oh - 1) * sh < H && (ow - 1) * sw < W;
+}
+
 #define KILN_MVE_GROUP 16      /* the largest group of kiln_mve_conv_s8 (ops_mve.GEMM_GROUP) */
 
 #if KILN_HAVE_MVE
@@ -437,7 +403,7 @@ static __attribute__((noinline, unused)) void kiln_mve_conv_s8(
     int32_t zy, int32_t lo, int32_t hi, int32_t lsh, int8_t *y)
 {
     const int32_t K = KH * KW * C;
-    const int32_t direct = KH == 1 && KW == 1 && pt == 0 && pl == 0 && (oh - 1) * sh < H && (ow - 1) * sw < W;
+    const int32_t direct = kiln_mve_direct(H, W, KH, KW, sh, sw, pt, pl, oh, ow);
     for (int32_t i = 0; i < oh; i++) {
         for (int32_t j = 0; j < ow; j++, y += O) {
             const int8_t *a = kiln_mve_patch(x, H, W, C, KH, KW, sh, sw, pt, pl, i, j, zx, patch, direct);
@@ -507,7 +473,7 @@ static __attribute__((noinline, unused)) void kiln_mve_conv_grp_s8(
     int32_t zy, int32_t lo, int32_t hi, int32_t lsh, int8_t *y)
 {
     const int32_t K = KH * KW * C, npix = oh * ow;
-    const int32_t direct = KH == 1 && KW == 1 && pt == 0 && pl == 0 && (oh - 1) * sh < H && (ow - 1) * sw < W;
+    const int32_t direct = kiln_mve_direct(H, W, KH, KW, sh, sw, pt, pl, oh, ow);
 #if KILN_HAVE_MVE
     if (direct) {
         kiln_mve_conv_grp_direct(x, x + H * W * C, W, C, sh, sw, oh, ow, w, K, O, q, zy, lo, hi, lsh, y);
@@ -597,6 +563,25 @@ static inline void kiln_mve_dw8(const int8_t *base, const int32_t *toff, int32_t
 }
 #endif
 
+#if KILN_HAVE_MVE
+/* one output pixel through kiln_mve_dw16 (perm 16) or kiln_mve_dw8 (perm 8): 1; else 0 (the 4-lane loop) */
+static inline __attribute__((always_inline)) int kiln_mve_dw_vec(const int8_t *base, const int32_t *toff, int32_t T,
+                                                                 const int8_t *w, int32_t C, const int32_t *q,
+                                                                 int32_t zy, int32_t lo, int32_t hi, int32_t lsh,
+                                                                 int32_t perm, int8_t *y)
+{
+    if (perm == 16) {
+        kiln_mve_dw16(base, toff, T, w, C, q, zy, lo, hi, lsh, y);
+        return 1;
+    }
+    if (perm == 8) {
+        kiln_mve_dw8(base, toff, T, w, C, q, zy, lo, hi, lsh, y);
+        return 1;
+    }
+    return 0;
+}
+#endif
+
 static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
     const int8_t *x, int32_t H, int32_t W, int32_t C, int32_t KH, int32_t KW, int32_t sh, int32_t sw, int32_t pt,
     int32_t pl, int32_t dh, int32_t dw, int32_t oh, int32_t ow, int32_t zx, int8_t *zrow, const int8_t *w,
@@ -629,12 +614,7 @@ static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
                     y += C;
                     continue;
                 }
-                if (perm == 16) {
-                    kiln_mve_dw16(xb, toff, T, w, C, q, zy, lo, hi, lsh, y);
-                    continue;
-                }
-                if (perm == 8) {
-                    kiln_mve_dw8(xb, toff, T, w, C, q, zy, lo, hi, lsh, y);
+                if (kiln_mve_dw_vec(xb, toff, T, w, C, q, zy, lo, hi, lsh, perm, y)) {
                     continue;
                 }
 #endif
@@ -652,12 +632,7 @@ static __attribute__((noinline, unused)) void kiln_mve_dw_s8(
                     }
                 }
 #if KILN_HAVE_MVE
-                if (perm == 16) {
-                    kiln_mve_dw16(x, boff, T, w, C, q, zy, lo, hi, lsh, y);
-                    continue;
-                }
-                if (perm == 8) {
-                    kiln_mve_dw8(x, boff, T, w, C, q, zy, lo, hi, lsh, y);
+                if (kiln_mve_dw_vec(x, boff, T, w, C, q, zy, lo, hi, lsh, perm, y)) {
                     continue;
                 }
 #endif
@@ -746,6 +721,31 @@ static __attribute__((noinline, unused)) void kiln_mve_avgpool_s8(
  * 2^32 (c1 = 2^31 + G, c2 = 2^32 - 2G: VSUB and an unsigned VCMP, all four lanes at once), the high
  * word plus the carry of the rounding half is the answer; a lane that is not (probability about
  * 2G / 2^32; c2 = 0: every lane) takes kiln_fc_rq (rq: {mh, ml, s} per row, or one). */
+#if KILN_HAVE_MVE
+/* the 4 dot products of one block of ops_mve.pack_gemm weights (4 rows, kc 16-byte chunks) with the
+ * K input bytes at x: kc - 1 whole chunks, then the last one predicated; *wb moves past the block */
+static inline __attribute__((always_inline)) int32x4_t kiln_mve_dot4(const int8_t *x, const int8_t **wb, int32_t K,
+                                                                     int32_t kc)
+{
+    const int8_t *w = *wb, *p = x;
+    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int32_t k = 1; k < kc; k++, p += 16, w += 64) {
+        const int8x16_t xv = vld1q_s8(p);
+        s0 = vmladavaq_s8(s0, xv, vld1q_s8(w));
+        s1 = vmladavaq_s8(s1, xv, vld1q_s8(w + 16));
+        s2 = vmladavaq_s8(s2, xv, vld1q_s8(w + 32));
+        s3 = vmladavaq_s8(s3, xv, vld1q_s8(w + 48));
+    }
+    const int8x16_t xv = vldrbq_z_s8(p, vctp8q((uint32_t)(K - ((kc - 1) << 4))));
+    s0 = vmladavaq_s8(s0, xv, vld1q_s8(w));
+    s1 = vmladavaq_s8(s1, xv, vld1q_s8(w + 16));
+    s2 = vmladavaq_s8(s2, xv, vld1q_s8(w + 32));
+    s3 = vmladavaq_s8(s3, xv, vld1q_s8(w + 48));
+    *wb = w + 64;
+    return kiln_mve_vec4(s0, s1, s2, s3);
+}
+#endif
+
 static inline int32_t kiln_mve_fc_rq1(int32_t acc, int32_t m, const int32_t *rq, uint32_t c1, uint32_t c2)
 {
     const int64_t p = (int64_t)acc * m;
@@ -770,22 +770,7 @@ static __attribute__((noinline, unused)) void kiln_mve_fc_s8(const int8_t *x, in
             const int32_t nv = N - n < 4 ? N - n : 4;
             int32_t acc[4];
 #if KILN_HAVE_MVE
-            int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-            const int8_t *p = x;
-            for (int32_t k = 1; k < kc; k++, p += 16, wb += 64) {
-                const int8x16_t xv = vld1q_s8(p);
-                s0 = vmladavaq_s8(s0, xv, vld1q_s8(wb));
-                s1 = vmladavaq_s8(s1, xv, vld1q_s8(wb + 16));
-                s2 = vmladavaq_s8(s2, xv, vld1q_s8(wb + 32));
-                s3 = vmladavaq_s8(s3, xv, vld1q_s8(wb + 48));
-            }
-            const int8x16_t xv = vldrbq_z_s8(p, vctp8q((uint32_t)(K - ((kc - 1) << 4))));
-            s0 = vmladavaq_s8(s0, xv, vld1q_s8(wb));
-            s1 = vmladavaq_s8(s1, xv, vld1q_s8(wb + 16));
-            s2 = vmladavaq_s8(s2, xv, vld1q_s8(wb + 32));
-            s3 = vmladavaq_s8(s3, xv, vld1q_s8(wb + 48));
-            wb += 64;
-            const int32x4_t a = vaddq_s32(kiln_mve_vec4(s0, s1, s2, s3), vld1q_s32(bias + n));
+            const int32x4_t a = vaddq_s32(kiln_mve_dot4(x, &wb, K, kc), vld1q_s32(bias + n));
             const int32x4_t mv = mstep ? vld1q_s32(m + n) : vdupq_n_s32(m[0]);
             const uint32x4_t plo = vreinterpretq_u32_s32(vmulq_s32(a, mv));
             int32x4_t v = vaddq_s32(vmulhq_s32(a, mv), vreinterpretq_s32_u32(vshrq_n_u32(plo, 31)));
@@ -840,7 +825,7 @@ static inline int32x4_t kiln_mve_mbqm4(int32x4_t v, int32_t lsh, int32_t m, int3
 
 static inline int32_t kiln_mve_mbqm_s(int32_t v, int32_t lsh, int32_t m, int32_t rneg)
 {
-    return kiln_mve_mbqm1(lsh >= 32 ? 0 : v, m, lsh >= 32 ? 0 : lsh, rneg);
+    return kiln_mbqm(lsh >= 32 ? 0 : v, m, lsh >= 32 ? 0 : lsh, rneg);
 }
 
 /* p: {za, 20 + left shift 1, m1, -right shift 1, zb, 20 + left shift 2, m2, -right 2, left shift out,
@@ -894,5 +879,7 @@ static __attribute__((noinline, unused)) void kiln_mve_mul_s8(const int8_t *a, c
     }
 #endif
 }
+
+#include "kiln_svdf.h"   /* the SVDF kernels (DSP, Helium and portable paths) */
 
 #endif /* KILN_MVE_H */

@@ -8,7 +8,6 @@ whose K values take every entry path of the unrolled loop."""
 import ctypes
 import os
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -18,8 +17,8 @@ from hypothesis import strategies as st
 from kiln.backends.ops_dense import acc_bound, pack_dense, prepare_dense, requant_guard
 from kiln.frontend import Graph, QParams, TensorType, save
 from kiln.frontend.ops.nn import dense_int8, fc_effective_scales, fc_requant_constants, fc_requantize
+from tests.backends.fc_kernel_util import c_library, fc_case, lim, near_halves, ptr
 
-INCLUDE = os.path.join(os.path.dirname(__file__), "..", "..", "backends", "include")
 WRAPPER = r"""
 #include "kiln_intrinsics.h"
 void rq_many(const int32_t *acc, const int32_t *m, const int32_t *rq, uint32_t c1, uint32_t c2, int32_t *out,
@@ -37,16 +36,7 @@ void mv(const int8_t *x, int32_t rows, int32_t K, int32_t N, const int8_t *w, co
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dense")
-    src, so = d / "w.c", d / "w.so"
-    src.write_text(WRAPPER)
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-I", INCLUDE, "-o", str(so),
-                    str(src)], check=True)
-    return ctypes.CDLL(str(so))
-
-
-def _p(a, t=ctypes.c_int32):
-    return a.ctypes.data_as(ctypes.POINTER(t))
+    return c_library(tmp_path_factory, "dense", WRAPPER)
 
 
 def _rq_c(lib, acc, eff, bound):
@@ -55,14 +45,8 @@ def _rq_c(lib, acc, eff, bound):
     rq = np.ascontiguousarray(np.stack([mh, ml, sh], axis=1).astype(np.uint32).view(np.int32))
     acc = np.ascontiguousarray(acc, np.int32)
     out = np.empty_like(acc)
-    lib.rq_many(_p(acc), _p(m), _p(rq), ctypes.c_uint32(c1), ctypes.c_uint32(c2), _p(out), ctypes.c_int32(acc.size))
+    lib.rq_many(ptr(acc), ptr(m), ptr(rq), ctypes.c_uint32(c1), ctypes.c_uint32(c2), ptr(out), ctypes.c_int32(acc.size))
     return out.astype(np.int64), c2
-
-
-def _lim(q):
-    """kiln_dense_rq's contract: the exact value, or one beyond int8 with the same sign (its exact
-    path stops at +-2^16, where every output clamps alike)"""
-    return np.clip(q, -(1 << 16), 1 << 16)
 
 
 def test_fast_requant_random(lib):
@@ -73,26 +57,15 @@ def test_fast_requant_random(lib):
         eff = 10.0 ** rng.uniform(-8, np.log10(0.49), n)
         got, c2 = _rq_c(lib, acc, eff, bound)
         assert c2 > 0                                    # the fast path is on
-        np.testing.assert_array_equal(_lim(got), _lim(fc_requantize(acc, eff)))
+        np.testing.assert_array_equal(lim(got), lim(fc_requantize(acc, eff)))
 
 
 def test_fast_requant_near_halves(lib):
     """eff = (k + 1/2) / acc, and the doubles one and two units away: products on, just under and
     just over a half, where the fast path must hand over to kiln_fc_rq."""
-    rng = np.random.default_rng(4)
-    acc = rng.integers(1, 60_000, 30_000) * rng.choice([-1, 1], 30_000)
-    k = rng.integers(0, 200, acc.size)
-    eff = (k + 0.5) / np.abs(acc)
-    accs, effs = [], []
-    for d in (-2, -1, 0, 1, 2):
-        e = eff.copy()
-        for _ in range(abs(d)):
-            e = np.nextafter(e, np.inf if d > 0 else 0)
-        ok = e < 0.49
-        accs.append(acc[ok]), effs.append(e[ok])
-    acc, eff = np.concatenate(accs), np.concatenate(effs)
+    acc, eff = near_halves(np.random.default_rng(4), 30_000)
     got, _ = _rq_c(lib, acc, eff, 60_000)
-    np.testing.assert_array_equal(_lim(got), _lim(fc_requantize(acc, eff)))
+    np.testing.assert_array_equal(lim(got), lim(fc_requantize(acc, eff)))
 
 
 def test_guard_turns_fast_path_off():
@@ -115,18 +88,8 @@ def test_pack_dense_layout():
 
 
 def _case(rng, rows, K, N, per_channel, act):
-    zx, zy = (int(v) for v in rng.integers(-128, 128, 2))
-    s_in, s_out = (float(np.float32(v)) for v in rng.uniform(0.005, 0.2, 2))
-    ws = tuple(float(np.float32(v)) for v in (rng.uniform(0.001, 0.05, N) if per_channel else
-                                                  [rng.uniform(0.001, 0.05)]))
-    tw = TensorType((N, K), "int8", QParams(ws, (0,) * len(ws), 0 if per_channel else None))
-    tx = TensorType((rows, K), "int8", QParams((s_in,), (zx,)))
-    ty = TensorType((rows, N), "int8", QParams((s_out,), (zy,)))
-    tb = TensorType((N,), "int32", QParams(tuple(s_in * s for s in ws), (0,) * len(ws), 0 if per_channel else None))
-    w = rng.integers(-127, 128, (N, K)).astype(np.int8)
-    b = rng.integers(-20_000, 20_000, N).astype(np.int32)
-    x = rng.integers(-128, 128, (rows, K)).astype(np.int8)
-    return x, w, b, (tx, tw, tb), ty, {"activation": act}
+    w, b, in_types, ty, attrs = fc_case(rng, rows, K, N, per_channel, act)
+    return rng.integers(-128, 128, (rows, K)).astype(np.int8), w, b, in_types, ty, attrs
 
 
 @settings(max_examples=60, deadline=None)
@@ -143,9 +106,9 @@ def test_kernel_equals_int8_reference(lib, rows, K, N, per_channel, act, seed):
     assert p["mstep"] == (1 if len(set(fc_effective_scales(tx.quant.scale[0], ws, ty.quant.scale[0]))) > 1 else 0)
     y = np.zeros((rows, N), np.int8)
     stream = np.ascontiguousarray(p["stream"])
-    lib.mv(_p(np.ascontiguousarray(x), ctypes.c_int8), rows, K, N, _p(stream, ctypes.c_int8), _p(p["m"]),
-           _p(p["rq"]), p["mstep"], ctypes.c_uint32(p["c1"]), ctypes.c_uint32(p["c2"]), ty.quant.zero_point[0],
-           p["lo"], p["hi"], _p(y, ctypes.c_int8))
+    lib.mv(ptr(np.ascontiguousarray(x), ctypes.c_int8), rows, K, N, ptr(stream, ctypes.c_int8), ptr(p["m"]),
+           ptr(p["rq"]), p["mstep"], ctypes.c_uint32(p["c1"]), ctypes.c_uint32(p["c2"]), ty.quant.zero_point[0],
+           p["lo"], p["hi"], ptr(y, ctypes.c_int8))
     np.testing.assert_array_equal(y, want)
     assert acc_bound(w, b, tx.quant.zero_point[0]) < 2 ** 31
 

@@ -137,7 +137,7 @@ WRAPPER = r"""
 #include "kiln_mve.h"
 void mbqm_many(const int32_t *acc, const int32_t *m, const int32_t *s, int32_t *out, int32_t n)
 {
-    for (int32_t i = 0; i < n; ++i) out[i] = kiln_mve_mbqm1(acc[i], m[i], s[i] > 0 ? s[i] : 0, s[i] < 0 ? s[i] : 0);
+    for (int32_t i = 0; i < n; ++i) out[i] = kiln_mbqm(acc[i], m[i], s[i] > 0 ? s[i] : 0, s[i] < 0 ? s[i] : 0);
 }
 """
 

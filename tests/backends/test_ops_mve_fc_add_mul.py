@@ -7,7 +7,6 @@ graph of dense layers (odd K and N, two rows, per-channel weights, one layer who
 above 1/2 so every lane takes the exact path) and same-shape adds and multiplies of odd lengths."""
 import ctypes
 import os
-import subprocess
 
 import numpy as np
 import pytest
@@ -22,9 +21,9 @@ from kiln.backends.ops_helium import prepare_fc
 from kiln.frontend import Graph, QParams, TensorType, run
 from kiln.frontend.ops.elementwise import add_int8, mul_int8
 from kiln.frontend.ops.nn import dense_int8, fc_requant_constants, fc_requantize
+from tests.backends.fc_kernel_util import c_library, fc_case, lim, near_halves, ptr
 from tests.firmware.helpers import need_qemu
 
-INCLUDE = os.path.join(os.path.dirname(__file__), "..", "..", "backends", "include")
 WRAPPER = r"""
 #include "kiln_mve.h"
 void rq_many(const int32_t *acc, const int32_t *m, const int32_t *rq, uint32_t c1, uint32_t c2, int32_t *out,
@@ -44,63 +43,21 @@ void mul(const int8_t *a, const int8_t *b, int32_t n, const int32_t *p, int8_t *
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    d = tmp_path_factory.mktemp("mve_fc")
-    src, so = d / "w.c", d / "w.so"
-    src.write_text(WRAPPER)
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-I", INCLUDE, "-o", str(so),
-                    str(src)], check=True)
-    return ctypes.CDLL(str(so))
-
-
-def _p(a, t=ctypes.c_int32):
-    return np.ascontiguousarray(a).ctypes.data_as(ctypes.POINTER(t))
-
-
-def _lim(q):
-    return np.clip(q, -(1 << 16), 1 << 16)
+    return c_library(tmp_path_factory, "mve_fc", WRAPPER)
 
 
 def test_fc_requant_near_halves(lib):
     """eff = (k + 1/2) / acc and the doubles one and two units away: products on, just under and
     just over a half."""
-    rng = np.random.default_rng(4)
-    acc = rng.integers(1, 60_000, 20_000) * rng.choice([-1, 1], 20_000)
-    eff0 = (rng.integers(0, 200, acc.size) + 0.5) / np.abs(acc)
-    accs, effs = [], []
-    for d in (-2, -1, 0, 1, 2):
-        e = eff0.copy()
-        for _ in range(abs(d)):
-            e = np.nextafter(e, np.inf if d > 0 else 0)
-        ok = e < 0.49
-        accs.append(acc[ok]), effs.append(e[ok])
-    acc, eff = np.concatenate(accs), np.concatenate(effs)
+    acc, eff = near_halves(np.random.default_rng(4), 20_000)
     mh, ml, sh = fc_requant_constants(eff)
     m, c1, c2 = requant_guard(60_000, mh, ml, sh)
     assert c2 > 0
     rq = np.ascontiguousarray(np.stack([mh, ml, sh], axis=1).astype(np.uint32).view(np.int32))
     acc = np.ascontiguousarray(acc, np.int32)
     out = np.empty_like(acc)
-    lib.rq_many(_p(acc), _p(m), _p(rq), ctypes.c_uint32(c1), ctypes.c_uint32(c2), _p(out), ctypes.c_int32(acc.size))
-    np.testing.assert_array_equal(_lim(out.astype(np.int64)), _lim(fc_requantize(acc, eff)))
-
-
-def _fc_case(rng, rows, K, N, per_channel, act, big_eff=False, qin=None):
-    zx, zy = (int(v) for v in rng.integers(-128, 128, 2))
-    s_in, s_out = (float(np.float32(v)) for v in rng.uniform(0.005, 0.2, 2))
-    if qin is not None:
-        s_in, zx = float(qin.scale[0]), int(qin.zero_point[0])
-    if big_eff:
-        s_out = float(np.float32(s_in * 0.05 / 1.5))
-    wlo = 0.04 if big_eff else 0.001        # big_eff: multipliers 1.2 to 1.5 (no fast path)
-    ws = tuple(float(np.float32(v)) for v in (rng.uniform(wlo, 0.05, N) if per_channel else
-                                                  [rng.uniform(wlo, 0.05)]))
-    tw = TensorType((N, K), "int8", QParams(ws, (0,) * len(ws), 0 if per_channel else None))
-    tx = TensorType((rows, K), "int8", QParams((s_in,), (zx,)))
-    ty = TensorType((rows, N), "int8", QParams((s_out,), (zy,)))
-    tb = TensorType((N,), "int32", QParams(tuple(s_in * s for s in ws), (0,) * len(ws), 0 if per_channel else None))
-    w = rng.integers(-127, 128, (N, K)).astype(np.int8)
-    b = rng.integers(-20_000, 20_000, N).astype(np.int32)
-    return w, b, (tx, tw, tb), ty, {"activation": act}
+    lib.rq_many(ptr(acc), ptr(m), ptr(rq), ctypes.c_uint32(c1), ctypes.c_uint32(c2), ptr(out), ctypes.c_int32(acc.size))
+    np.testing.assert_array_equal(lim(out.astype(np.int64)), lim(fc_requantize(acc, eff)))
 
 
 @settings(max_examples=60, deadline=None)
@@ -108,16 +65,16 @@ def _fc_case(rng, rows, K, N, per_channel, act, big_eff=False, qin=None):
        act=st.sampled_from(["none", "relu", "relu6"]), big=st.booleans(), seed=st.integers(0, 2 ** 31))
 def test_fc_equals_int8_reference(lib, rows, K, N, per_channel, act, big, seed):
     rng = np.random.default_rng(seed)
-    w, b, (tx, tw, tb), ty, attrs = _fc_case(rng, rows, K, N, per_channel, act, big)
+    w, b, (tx, tw, tb), ty, attrs = fc_case(rng, rows, K, N, per_channel, act, big)
     x = rng.integers(-128, 128, (rows, K)).astype(np.int8)
     want = dense_int8([x, w, b], attrs, [tx, tw, tb], ty)
     ws = np.broadcast_to(np.asarray(tw.quant.scale), (N,))
     p = prepare_fc(w, b, tx.quant.zero_point[0], tx.quant.scale[0], ws, ty.quant.scale[0], ty.quant.zero_point[0], act)
     assert p["c2"] == 0 or not big          # big: multipliers above 1/2, the exact path for every lane
     y = np.zeros((rows, N), np.int8)
-    lib.fc(_p(x, ctypes.c_int8), rows, K, N, _p(p["w"], ctypes.c_int8), _p(p["bias"]), _p(p["m"]), _p(p["rq"]),
+    lib.fc(ptr(x, ctypes.c_int8), rows, K, N, ptr(p["w"], ctypes.c_int8), ptr(p["bias"]), ptr(p["m"]), ptr(p["rq"]),
            p["mstep"], ctypes.c_uint32(p["c1"]), ctypes.c_uint32(p["c2"]), ty.quant.zero_point[0], p["lo"], p["hi"],
-           _p(y, ctypes.c_int8))
+           ptr(y, ctypes.c_int8))
     np.testing.assert_array_equal(y, want)
 
 
@@ -140,7 +97,7 @@ def test_add_mul_equal_int8_reference(lib, n, op, lo, span, seed):
     want = np.clip(np.asarray(ref, np.int64), lo, hi)        # an activation clamp after the op
     params = (ops_mve.add_params if op == "add" else ops_mve.mul_params)(t1, t2, ty, lo, hi)
     y = np.zeros(n, np.int8)
-    getattr(lib, op)(_p(a, ctypes.c_int8), _p(b, ctypes.c_int8), n, _p(params), _p(y, ctypes.c_int8))
+    getattr(lib, op)(ptr(a, ctypes.c_int8), ptr(b, ctypes.c_int8), n, ptr(params), ptr(y, ctypes.c_int8))
     np.testing.assert_array_equal(y, want)
 
 
@@ -155,7 +112,7 @@ def _graph(rng):
     src, K, qin = "x", 19, qx
     for i, (N, pc, act, big) in enumerate([(19, True, "relu", False), (7, True, "none", True),
                                            (5, False, "relu6", False)]):
-        w, b, (tx, tw, tb), ty, attrs = _fc_case(rng, 2, K, N, pc, act, big, qin)
+        w, b, (tx, tw, tb), ty, attrs = fc_case(rng, 2, K, N, pc, act, big, qin)
         if i == 0:
             ty = TensorType((2, N), "int8", QParams((0.07,), (-9,)))
         qin = ty.quant

@@ -2,7 +2,11 @@
 from one kiln_model_run to the next and reset by kiln_reset_state(), bit-exact with the reference
 (int16 and int8 states) over successive invocations, float within 1e-5, TFLite Micro's
 keyword_scrambled models (every operator output and state, int16 model also against LiteRT) on
-the host, and successive inferences on the emulated mps2-an386."""
+the host, and successive inferences on the emulated mps2-an386; the int16-state SVDF kernels of
+include/kiln_svdf.h (the DSP and the Helium weight layouts, run as portable C on the host, with
+SMLAD on mps2-an386 and VMLADAVA on mps3-an547) over awkward shapes, bit-exact with the reference
+and LiteRT."""
+import dataclasses
 import json
 import os
 
@@ -12,10 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.backends import compile as compile_pkg
+from kiln.backends.cpus import get as get_target
+from kiln.frontend import TensorType
 from kiln.frontend.executor import run_stateful
 from kiln.frontend.tflite_import import load_tflite
 from kiln.quantize.tflite_export import export_tflite
 from tests.frontend.svdf_util import KWS, inputs, litert_stream, svdf_graph, two_svdf_graph
+from tests.quantize.litert_util import q
 
 STEPS = 5
 
@@ -45,6 +52,51 @@ def test_int8_host_c_matches_reference_over_invocations(tmp_path_factory, d, sta
     g = svdf_graph(B, I, U * rank, M, rank, state=sdt, z_state=zs, z_out=z_out, s_state=0.004 if sdt == "int16" else 0.1,
                    seed=seed)
     _check_stream(g, _host(g, tmp_path_factory.mktemp("svdf")), inputs(g, STEPS, seed))
+
+
+def edge_graph(seed=0, z_state=0):
+    """int8 x [2, 19] -> SVDF (19 inputs: a K % 4 and K % 16 tail; 6 filters, rank 2, memory 5: the
+    units' dot products of 10, an F % 4 rest) -> SVDF (3 inputs, 5 filters, rank 1, memory 3: an odd
+    dot product), int16 states; ``z_state``: both states' zero point."""
+    rng = np.random.default_rng(seed)
+    g = svdf_graph(2, 19, 6, 5, 2, z_x=-11, z_out=7, z_state=z_state, seed=seed)
+    F, M, U = 5, 3, 5
+    g.add_const("wf1", rng.integers(-127, 128, (F, 3)).astype(np.int8), q(0.02))
+    g.add_const("wt1", rng.integers(-32767, 32768, (F, M)).astype(np.int16), q(0.0005))
+    g.add_const("b1", rng.integers(-30000, 30000, (U,)).astype(np.int32), q(0.003 * 0.0005))
+    g.add_const("st1", np.full((2, F * M), z_state, np.int16), q(0.003, z_state))
+    g.add_node("svdf_state", ["y", "wf1", "st1"], name="st1_next")
+    g.add_node("svdf", ["st1_next", "wt1", "b1"], {"rank": 1, "activation": "relu"}, name="y1",
+               out_type=TensorType((2, U), "int8", q(0.04, -128)))
+    g.states["st1"] = "st1_next"
+    g.outputs = ["y1"]
+    return g.validate()
+
+
+@pytest.mark.parametrize("target", ["host", "cortex-m55"])
+@pytest.mark.parametrize("z_state", [0, -37])
+def test_svdf_kernels_on_host_match_reference(target, z_state, tmp_path):
+    """The kernels (host: kiln_svdf_state_s16's pack_w8 layout; cortex-m55: kiln_mve_svdf_state_s16's
+    pack_gemm layout, both as portable C) bit-exact with the reference over a stream, state zero
+    point 0 and not."""
+    g = edge_graph(1, z_state)
+    pkg = compile_pkg(g, target=target, out_dir=str(tmp_path), plot=False, measure_size=False)
+    src = open(tmp_path / "kernels.c").read()
+    state_fn = "kiln_mve_svdf_state_s16(" if target == "cortex-m55" else "kiln_svdf_state_s16("
+    assert src.count(state_fn) == 2 and src.count("kiln_svdf_s16(") == 2
+    _check_stream(g, pkg, inputs(g, STEPS, 2))
+
+
+def test_svdf_kernels_leave_int8_states_to_te(tmp_path):
+    """An int8 state (TFLite Micro's 8-bit SVDF) keeps the TE stages; so do all states with
+    Kiln's kernels off."""
+    _host(two_svdf_graph(), tmp_path / "a")
+    src = open(tmp_path / "a" / "kernels.c").read()
+    assert src.count("kiln_svdf_state_s16(") == 1 and src.count("kiln_svdf_s16(") == 1
+    g = edge_graph()
+    compile_pkg(g, target=dataclasses.replace(get_target("host"), kernels=False), out_dir=str(tmp_path / "b"), plot=False,
+                measure_size=False)
+    assert "kiln_svdf" not in open(tmp_path / "b" / "kernels.c").read()
 
 
 def test_float_host_c_over_invocations(tmp_path):
@@ -100,11 +152,14 @@ def test_host_llvm_refuses_stateful_graphs():
 
 @pytest.mark.slow
 @pytest.mark.qemu
-@pytest.mark.parametrize("which", ["two_svdf", "keyword_scrambled"])
-def test_svdf_stream_on_board(which, tmp_path):
-    """Successive inferences on the emulated mps2-an386 carry the state as the reference and LiteRT
+@pytest.mark.parametrize("which,board", [("two_svdf", "mps2-an386"), ("keyword_scrambled", "mps2-an386"),
+                                         ("edge", "mps2-an386"), ("keyword_scrambled", "mps3-an547"),
+                                         ("edge", "mps3-an547")])
+def test_svdf_stream_on_board(which, board, tmp_path):
+    """Successive inferences on the emulated boards carry the state as the reference and LiteRT
     do: `kiln golden` writes a stream (state carried from pair to pair), `kiln verify` runs it on a
-    freshly booted board, every output equal."""
+    freshly booted board, every output equal (the SVDF kernels: SMLAD on mps2-an386, Helium on
+    mps3-an547; ``edge``: their tails, against LiteRT)."""
     from kiln.commands.golden import golden
     from kiln.commands.verify import verify
     from tests.firmware.helpers import need_qemu, need_toolchain
@@ -115,13 +170,17 @@ def test_svdf_stream_on_board(which, tmp_path):
         export_tflite(two_svdf_graph(), path)
         g = load_tflite(path)
         samples, oracle = [(x,) for x in inputs(g, 6, 9)], "reference"
+    elif which == "edge":
+        path = str(tmp_path / "edge.tflite")
+        export_tflite(edge_graph(3), path)
+        samples, oracle = [(x,) for x in inputs(load_tflite(path), 6, 8)], "litert"
     else:
         path = os.path.join(KWS, "keyword_scrambled.tflite")
         rng = np.random.default_rng(4)
         samples, oracle = [(rng.integers(-32768, 32768, (1, 96)).astype(np.int16),) for _ in range(6)], "litert"
     gold = str(tmp_path / "g.npz")
     golden(path, gold, samples, oracle=oracle)
-    rep = verify(path, gold, "mps2-an386", options={"out": str(tmp_path / "board")})
+    rep = verify(path, gold, board, options={"out": str(tmp_path / "board")})
     assert rep["ok"] and rep["matched"] == 6, rep["results"]
 
 
