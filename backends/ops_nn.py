@@ -341,6 +341,7 @@ def lower_max_pool(k, node, xs):
 # FULLY_CONNECTED does for int8 too (round(double(acc) * eff), kiln_fc_s8 in kiln_intrinsics.h, whose
 # clamp bounds are any int32 pair).
 I64 = "int64"
+U64 = "uint64"
 
 
 def _check_16x8(k, node):
@@ -386,8 +387,12 @@ def requant16_epilogue(k, acc, mult, shift, ty, channels_of, act):
     def body(*idx):
         ch = channels_of(idx)
         sh = ts(ch)
-        v = (acc(*idx) * rm(ch) + (c(1, I64) << (sh - c(1, I64)))) >> sh
-        return tirx.max(tirx.min(v + c(zy, I64), c(hi, I64)), c(lo, I64)).astype("int16")
+        # modulo 2^64 (uint64: C defines the wrap the compiled TFLite's int64 product does past
+        # |acc| = 2^47), read back as int64 for the arithmetic shift, then TFLite's int32_t result:
+        # the low 32 bits (frontend/ops/int16util.wrap32), the zero point and the clamp in int32
+        u = acc(*idx).astype(U64) * rm(ch).astype(U64) + (c(1, U64) << (sh.astype(U64) - c(1, U64)))
+        v = (tirx.reinterpret(I64, u) >> sh).astype("int32")
+        return tirx.max(tirx.min(v + c(zy), c(hi)), c(lo)).astype("int16")
     return te.compute(acc.shape, body, name="requant16")
 
 

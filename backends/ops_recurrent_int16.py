@@ -49,7 +49,7 @@ def _rq64(acc, red, tot):
     """clamp16(int32((acc * red + 2**(tot - 1)) >> tot)) on an int64 accumulator, as TFLite Micro
     computes it: the product and rounding term modulo 2**64 (in uint64, where C defines the wrap
     that TFLM's int64 arithmetic does in practice), the arithmetic shift, then the int32
-    conversion that keeps the low 32 bits (frontend/ops/recurrent_16x8.wrap32)."""
+    conversion that keeps the low 32 bits (frontend/ops/int16util.wrap32)."""
     sh = tot.astype(U64)
     v = tirx.reinterpret(I64, _u64(acc) * red.astype(U64) + (c(1, U64) << (sh - c(1, U64)))) >> sh.astype(I64)
     return clamp(v.astype("int32"), -32768, 32767)

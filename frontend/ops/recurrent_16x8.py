@@ -21,7 +21,7 @@ gate (forget, input, cell, output)::
     h = clamp(MBQM(tanh16(c) * o, m_h_out) + z_h)    (to int8 or int16)
 
 ``RQ`` is ``MBQM64`` (int16; its int64 result converted to int32, keeping the low 32 bits, before
-the clamp: ``wrap32``) or ``MBQM`` (int8), ``MBQM`` the int32 requantisation of the
+the clamp: ``int16util.wrap32``) or ``MBQM`` (int8), ``MBQM`` the int32 requantisation of the
 element-wise multiplications; the multipliers come from double scales: ``m_fc`` from
 ``2**-15 * s_c / s_c``, ``m_ig`` from ``2**-30 / s_c``, ``m_h_out`` from ``2**-30 / s_h``. The cell
 tanh reads the cell as Q(15 + log2 s_c).(-log2 s_c) (log2 rounded as TFLite's ``CheckedLog2``).
@@ -118,16 +118,7 @@ def _fc(p, v, z, w, bias, m):
         acc = acc + bias
     if p["dtype"] == "int8":
         return _sat16(fp.multiply_by_quantized_multiplier(acc, *m))
-    return _sat16(wrap32(mbqm64(acc, *m)))
-
-
-def wrap32(v):
-    """``int32_t result = x >> total_shift``: the double-rounding int64 ``MultiplyByQuantizedMultiplier``
-    (TFLite's ``kernels/internal/common.cc``, the one TFLite Micro builds) returns its int64 result
-    converted to int32, which keeps the low 32 bits (modulo 2**32, as C++20 defines and GCC and
-    Clang do); only then does the FullyConnected clamp to int16. A gate product of 2**31 or more
-    (a bias near 2**30 with a multiplier of 2) comes out negative."""
-    return np.asarray(v, np.int64).astype(np.int32).astype(np.int64)
+    return _sat16(mbqm64(acc, *m))
 
 
 def _mul(a, b, m):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kiln.frontend import Graph, TensorType, run
 from kiln.frontend.errors import KilnError
-from kiln.frontend.ops import recurrent_16x8
+from kiln.frontend.ops import int16util
 from kiln.frontend.ops.recurrent import LSTM_INPUTS
 from kiln.frontend.tflite_import import load_tflite
 from kiln.quantize.tflite_export import export_tflite
@@ -97,7 +97,7 @@ def test_lstm_16x8_wraps_large_gate_products_as_tflm(bias, monkeypatch):
         want = tflm_run(export_tflite(g), x)
         assert_same(run(g, x)[0], want, f"lstm 16x8 seed {seed}")
         cases.append((g, x, want))
-    monkeypatch.setattr(recurrent_16x8, "wrap32", lambda v: v)      # the int64 value, clamped to int16
+    monkeypatch.setattr(int16util, "wrap32", lambda v: v)      # the int64 value, clamped to int16
     assert sum(not np.array_equal(run(g, x)[0], want) for g, x, want in cases) >= 10
 
 
