@@ -388,7 +388,7 @@ def requant16_epilogue(k, acc, mult, shift, ty, channels_of, act):
         ch = channels_of(idx)
         sh = ts(ch)
         # modulo 2^64 (uint64: C defines the wrap the compiled TFLite's int64 product does past
-        # |acc| = 2^47), read back as int64 for the arithmetic shift, then TFLite's int32_t result:
+        # |acc| * m16 = 2^63), read back as int64 for the arithmetic shift, then TFLite's int32_t result:
         # the low 32 bits (frontend/ops/int16util.wrap32), the zero point and the clamp in int32
         u = acc(*idx).astype(U64) * rm(ch).astype(U64) + (c(1, U64) << (sh.astype(U64) - c(1, U64)))
         v = (tirx.reinterpret(I64, u) >> sh).astype("int32")

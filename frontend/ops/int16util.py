@@ -64,7 +64,8 @@ def mbqm64(x, multiplier, shift):
     ``shift`` broadcast against ``x`` (per channel on the last axis). Exact in int64 for the
     kernels' input range |x| < 2**47. TFLite returns ``int32_t result = x >> total_shift`` (the
     double-rounding build, LiteRT's and TFLite Micro's), so the result is that int64 value's low 32
-    bits (``wrap32``), and beyond 2**47 the int64 product wraps as the compiled kernels' does."""
+    bits (``wrap32``); where ``x * reduced`` leaves int64 (|x| from about 2**48) the product wraps
+    as the compiled kernels' does (NumPy's int64 arithmetic wraps too)."""
     x = np.asarray(x, np.int64)
     m = np.asarray(multiplier, np.int64)
     s = np.asarray(shift, np.int64)

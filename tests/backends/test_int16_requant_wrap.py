@@ -1,6 +1,6 @@
 """16x8 CONV_2D / DEPTHWISE_CONV_2D whose requantised accumulator passes int32: TFLite's int64
 ``MultiplyByQuantizedMultiplier`` returns ``int32_t result = x >> total_shift`` (the low 32 bits)
-before the int16 clamp, and its int64 product wraps past |acc| = 2**47. Kiln's reference
+before the int16 clamp, and its int64 product wraps past |acc| * m16 = 2**63. Kiln's reference
 (``int16util.mbqm64``) and the C epilogue (``ops_nn.requant16_epilogue``) do the same: equal to
 LiteRT's BUILTIN_REF. Before, both clamped the int64 value (8 of 10 such conv models differed)."""
 import numpy as np
@@ -41,3 +41,22 @@ def test_conv_16x8_wraps_as_litert(bias, depthwise, tmp_path, monkeypatch):
             cases.append((g, x, want))
     monkeypatch.setattr(int16util, "wrap32", lambda v: v)         # clamping the int64 value instead
     assert sum(not np.array_equal(run(g, x)[0], want) for g, x, want in cases) >= 2
+
+
+@pytest.mark.qemu
+@pytest.mark.slow
+def test_conv_16x8_wraps_on_mps2_an386(tmp_path):
+    """The wrapping epilogue on the Cortex-M4 (uint64 product, int32 conversion) = LiteRT."""
+    import shutil
+    if not shutil.which("arm-none-eabi-gcc") or not shutil.which("qemu-system-arm"):
+        pytest.skip("arm-none-eabi-gcc / qemu-system-arm not installed (bash scripts/setup.sh)")
+    from kiln import hil
+    from kiln.frontend import save
+    rng = np.random.default_rng(9)
+    for k, (bias, dw) in enumerate([(1 << 31, False), (1 << 62, True)]):
+        g = conv16(rng, bias, dw)
+        img, pkg = hil.build_for_board(save(g, str(tmp_path / f"c{k}.json")), "mps2-an386", str(tmp_path / f"b{k}"))
+        samples = [rng.integers(-32768, 32768, (1, 2, 3, 3)).astype(np.int16) for _ in range(4)]
+        res = hil.run_on_board(img, pkg, samples)
+        want = [litert_run(export_tflite(g), [x])[0] for x in samples]
+        assert all(hil.same_outputs(a, b) for a, b in zip(res.outputs, want))
