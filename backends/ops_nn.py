@@ -341,6 +341,7 @@ def lower_max_pool(k, node, xs):
 # FULLY_CONNECTED does for int8 too (round(double(acc) * eff), kiln_fc_s8 in kiln_intrinsics.h, whose
 # clamp bounds are any int32 pair).
 I64 = "int64"
+U64 = "uint64"
 
 
 def _check_16x8(k, node):
@@ -386,8 +387,12 @@ def requant16_epilogue(k, acc, mult, shift, ty, channels_of, act):
     def body(*idx):
         ch = channels_of(idx)
         sh = ts(ch)
-        v = (acc(*idx) * rm(ch) + (c(1, I64) << (sh - c(1, I64)))) >> sh
-        return tirx.max(tirx.min(v + c(zy, I64), c(hi, I64)), c(lo, I64)).astype("int16")
+        # modulo 2^64 (uint64: C defines the wrap the compiled TFLite's int64 product does past
+        # |acc| * m16 = 2^63), read back as int64 for the arithmetic shift, then TFLite's int32_t result:
+        # the low 32 bits (frontend/ops/int16util.wrap32), the zero point and the clamp in int32
+        u = acc(*idx).astype(U64) * rm(ch).astype(U64) + (c(1, U64) << (sh.astype(U64) - c(1, U64)))
+        v = (tirx.reinterpret(I64, u) >> sh).astype("int32")
+        return tirx.max(tirx.min(v + c(zy), c(hi)), c(lo)).astype("int16")
     return te.compute(acc.shape, body, name="requant16")
 
 
@@ -428,9 +433,10 @@ def lower_conv2d_16x8(k, node, xs):
 
 
 def lower_dense_16x8(k, node, xs):
-    """16x8 FULLY_CONNECTED. The accumulator is int32 here: every |acc| is bounded at compile time
-    (constant weights and bias, |x| <= 32768) below 2^31, where LiteRT's int64 accumulator holds the
-    same value, and ``kiln_fc_rq`` (kiln_intrinsics.h) gives round(double(acc) * eff) exactly."""
+    """16x8 FULLY_CONNECTED. The accumulator is int32 when every |acc| is bounded at compile time
+    (constant weights and bias, |x| <= 32768) below 2^31, where LiteRT's int64 accumulator holds
+    the same value, and ``kiln_fc_rq`` (kiln_intrinsics.h) gives round(double(acc) * eff) exactly;
+    otherwise (long inputs, large biases) it is int64 as LiteRT's and ``_fc_rq_double`` requantises."""
     x, w = xs[0], xs[1]
     tx, tw, ty = _check_16x8(k, node)
     K, N, lead = tx.shape[-1], tw.shape[0], tx.shape[:-1]
@@ -440,28 +446,66 @@ def lower_dense_16x8(k, node, xs):
         k.fail("16x8 dense needs constant weights and bias")
     b = np.asarray(b, np.int64).reshape(-1)
     bound = np.abs(np.asarray(wv, np.int64)).sum(axis=1) * 32768 + np.abs(b)
-    if bound.max(initial=0) >= 2 ** 31:
-        k.fail(f"16x8 dense: the accumulator may reach {int(bound.max())} (K = {K}), beyond the int32 the C "
-               f"kernel keeps it in; split the layer or use int8 activations")
+    wide = bound.max(initial=0) >= 2 ** 31
+    at = I64 if wide else "int32"
     kk = te.reduce_axis((0, K), "k")
     acc = te.compute(lead + (N,), lambda *i: te.sum(
-        x[i[:-1] + (kk,)].astype("int32") * w[i[-1], kk].astype("int32"), axis=[kk]), name="acc")
-    if len(node.inputs) == 3:
+        x[i[:-1] + (kk,)].astype("int32").astype(at) * w[i[-1], kk].astype("int32").astype(at), axis=[kk]), name="acc")
+    if len(node.inputs) == 3 and wide:
+        bias = _bias64(k, node, N)     # modulo 2^64, as LiteRT's int64 acc += bias wraps
+        acc = te.compute(acc.shape, lambda *i: tirx.reinterpret(I64, acc(*i).astype("uint64") + bias(i[-1])
+                                                                .astype("uint64")), name="bias")
+    elif len(node.inputs) == 3:
         tb = k.const("bias32", b.astype(np.int32))
         acc = te.compute(acc.shape, lambda *i: acc(*i) + tb[i[-1]], name="bias")
     s_in, _ = per_tensor(tx, "input", "dense")
     s_out, zy = per_tensor(ty, "output", "dense")
     ws, _, _ = channel_params(tw, N, "dense")
-    mh, ml, sh = fc_requant_constants(fc_effective_scales(s_in, ws, s_out))
+    eff = fc_effective_scales(s_in, ws, s_out)
     lo, hi = qmath.activation_range(node.attrs["activation"], s_out, zy, -32768, 32767)
+    mh, ml, sh = fc_requant_constants(eff)
     tmh, tml, tsh = (k.const("fc_mh", mh.astype(np.int32)), k.const("fc_ml", ml.astype(np.uint32)),
                      k.const("fc_s", sh.astype(np.int32)))
     one = len(set(zip(mh.tolist(), ml.tolist(), sh.tolist()))) == 1
+    if wide:
+        return _fc_rq_double(acc, lambda ch: (tmh[ch], tml[ch], tsh[ch]), one, zy, lo, hi)
 
     def body(*idx):
         ch = 0 if one else idx[-1]
         return tirx.call_extern("int32", "kiln_fc_s8", acc(*idx), tmh[ch].astype("uint32"), tml[ch], tsh[ch],
                                 c(zy), c(lo), c(hi)).astype("int16")
+    return te.compute(acc.shape, body, name="requant16")
+
+
+def _fc_rq_double(acc, consts, one, zy, lo, hi):
+    """int64 acc -> int16: LiteRT's ``(int32_t)round((double)acc * eff)`` (frontend/ops/nn.
+    fc_requantize) in IEEE double (the FPU, or libgcc's correctly rounded soft float on cores
+    without one), the int32 saturation, the zero point and the activation clamp. ``eff`` is
+    rebuilt exactly from its 53-bit significand and exponent (``fc_requant_constants``: (mh * 2^32
+    + ml) / 2^s, divisions by powers of two). C's round is formed without libm and without a
+    subtraction GCC could contract into an FMA: t = trunc(v), then t +- 1 where v lies at least
+    half-way to the next integer (t +- 0.5 is exact below 2^52; v is clamped to about +-2^40 first,
+    as C prints the bound: any bound in [2^32, 2^52) is lost in the int32 saturation)."""
+    F = "float64"
+    big = tirx.const(2.0 ** 40, F)
+
+    def pow2(e):
+        return (c(1, I64) << e.astype(I64)).astype(F)
+
+    def body(*idx):
+        mh, ml, s = consts(0 if one else idx[-1])
+        m = ((mh.astype(I64) << c(32, I64)) + ml.astype(I64)).astype(F)
+        # s > 124 (eff < 2^-71) would give 0 for every int64 acc either way
+        eff = m / pow2(tirx.min(s, c(62))) / pow2(tirx.min(tirx.max(s - c(62), c(0)), c(62)))
+        v = tirx.max(tirx.min(acc(*idx).astype(F) * eff, big), -big)
+
+        def rounded(vv):
+            return qmath.let("t", vv.astype(I64), lambda t: qmath.let("tf", t.astype(F), lambda tf: (
+                t + tirx.Select(vv >= tf + tirx.const(0.5, F), c(1, I64), c(0, I64))
+                - tirx.Select(vv <= tf - tirx.const(0.5, F), c(1, I64), c(0, I64))), F), I64)
+        r = qmath.let("fv", v, rounded, F)
+        r = tirx.max(tirx.min(r, c(2 ** 31 - 1, I64)), c(-2 ** 31, I64)) + c(zy, I64)
+        return tirx.max(tirx.min(r, c(hi, I64)), c(lo, I64)).astype("int16")
     return te.compute(acc.shape, body, name="requant16")
 
 

@@ -26,6 +26,7 @@ from .qmath import c, clamp, let, mbqm
 from .tirc import SCRATCH_MIN_BYTES
 
 I64 = "int64"
+U64 = "uint64"
 
 
 def _reduced(m):
@@ -40,11 +41,18 @@ def _fc_consts(k, mults, tag):
     return k.const(f"{tag}_m", red), k.const(f"{tag}_s", tot)
 
 
+def _u64(v):
+    return v if str(getattr(v, "ty", "")) == U64 else v.astype(I64).astype(U64)
+
+
 def _rq64(acc, red, tot):
-    """clamp16((acc * red + 2**(tot - 1)) >> tot) on an int64 accumulator."""
-    sh = tot.astype(I64)
-    v = (acc.astype(I64) * red.astype(I64) + (c(1, I64) << (sh - c(1, I64)))) >> sh
-    return tirx.max(tirx.min(v, c(32767, I64)), c(-32768, I64)).astype("int32")
+    """clamp16(int32((acc * red + 2**(tot - 1)) >> tot)) on an int64 accumulator, as TFLite Micro
+    computes it: the product and rounding term modulo 2**64 (in uint64, where C defines the wrap
+    that TFLM's int64 arithmetic does in practice), the arithmetic shift, then the int32
+    conversion that keeps the low 32 bits (frontend/ops/int16util.wrap32)."""
+    sh = tot.astype(U64)
+    v = tirx.reinterpret(I64, _u64(acc) * red.astype(U64) + (c(1, U64) << (sh - c(1, U64)))) >> sh.astype(I64)
+    return clamp(v.astype("int32"), -32768, 32767)
 
 
 def _lut(name, x, mult, shift, table):
@@ -128,7 +136,8 @@ def _bias(k, b, at, depth):
         bt = k.const("lstm16_b", b.astype(np.int32))
         return lambda a, g, j: a.astype(I64) + bt[g, j].astype(I64)
     hi, lo = k.const("lstm16_bhi", (b >> 32).astype(np.int32)), k.const("lstm16_blo", (b & 0xFFFFFFFF).astype(np.uint32))
-    return lambda a, g, j: a.astype(I64) + hi[g, j].astype(I64) * tirx.const(1 << 32, I64) + lo[g, j].astype(I64)
+    # modulo 2**64 (uint64) as TFLM's int64 accumulator wraps for a bias within the products of +-2**63
+    return lambda a, g, j: (_u64(a) + (_u64(hi[g, j]) << c(32, U64)) + lo[g, j].astype(U64))
 
 
 def hidden_width(N, H, T, itemsize, budget=2048):

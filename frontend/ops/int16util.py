@@ -62,14 +62,24 @@ def mbqm64(x, multiplier, shift):
     kernels' requantisation): the multiplier reduced to 16 bits (``(m + 2**15) >> 16``, at most
     0x7FFF), then one rounding right shift by ``15 - shift``. Vectorised; ``multiplier`` and
     ``shift`` broadcast against ``x`` (per channel on the last axis). Exact in int64 for the
-    kernels' input range |x| < 2**47."""
+    kernels' input range |x| < 2**47. TFLite returns ``int32_t result = x >> total_shift`` (the
+    double-rounding build, LiteRT's and TFLite Micro's), so the result is that int64 value's low 32
+    bits (``wrap32``); where ``x * reduced`` leaves int64 (|x| from about 2**48) the product wraps
+    as the compiled kernels' does (NumPy's int64 arithmetic wraps too)."""
     x = np.asarray(x, np.int64)
     m = np.asarray(multiplier, np.int64)
     s = np.asarray(shift, np.int64)
     reduced = np.where(m < 0x7FFF0000, (m + (1 << 15)) >> 16, 0x7FFF)
     total = 15 - s
     rnd = np.left_shift(np.int64(1), total - 1)
-    return (x * reduced + rnd) >> total
+    with np.errstate(over="ignore"):
+        return wrap32((x * reduced + rnd) >> total)
+
+
+def wrap32(v):
+    """int64 -> int32 as C converts it (GCC and Clang; C++20 defines it): the low 32 bits, as int64.
+    A requantised 16x8 product of 2**31 or more comes out negative before the int16 clamp."""
+    return np.asarray(v, np.int64).astype(np.int32).astype(np.int64)
 
 
 

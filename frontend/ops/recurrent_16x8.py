@@ -20,7 +20,8 @@ gate (forget, input, cell, output)::
     c = sat16(clamp16(MBQM(f * c, m_fc)) + clamp16(MBQM(i * g, m_ig)))   (clipped when cell_clip > 0)
     h = clamp(MBQM(tanh16(c) * o, m_h_out) + z_h)    (to int8 or int16)
 
-``RQ`` is ``MBQM64`` (int16) or ``MBQM`` (int8), ``MBQM`` the int32 requantisation of the
+``RQ`` is ``MBQM64`` (int16; its int64 result converted to int32, keeping the low 32 bits, before
+the clamp: ``int16util.wrap32``) or ``MBQM`` (int8), ``MBQM`` the int32 requantisation of the
 element-wise multiplications; the multipliers come from double scales: ``m_fc`` from
 ``2**-15 * s_c / s_c``, ``m_ig`` from ``2**-30 / s_c``, ``m_h_out`` from ``2**-30 / s_h``. The cell
 tanh reads the cell as Q(15 + log2 s_c).(-log2 s_c) (log2 rounded as TFLite's ``CheckedLog2``).

@@ -103,21 +103,62 @@ def _shape_op(sub, k, opname, op, xs, out):
     return np.concatenate(xs, axis) if all(x.ndim == xs[0].ndim for x in xs) else None
 
 
+# more ops of a counter chain: CAST (int/bool -> int, bool or float32: a step's index as a float),
+# an int32 table GATHERed with the counter, SQUEEZE
+_CHAIN_OPS = {"CAST", "GATHER", "SQUEEZE"}
+_INTS = ("int32", "int64", "bool")
+
+
+def _gather(sub, k, op, xs):
+    """TFLite's GATHER of an integer table (batch_dims 0); indices out of range are refused, as
+    TFLite's kernel refuses them when it runs."""
+    o = tfl.options(sub, k, op, "GATHER", "GatherOptions")
+    axis, batch = (int(o.Axis()), int(o.BatchDims())) if o is not None else (0, 0)
+    params, idx = xs
+    if batch != 0 or not -params.ndim <= axis < params.ndim:
+        return None
+    n = params.shape[axis]
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise sub.err(f"{tfl.where(k, 'GATHER')}: a loop counter's index {idx.tolist()} is out of range 0..{n - 1} "
+                      f"(TFLite refuses it when the loop runs)")
+    return np.take(params, idx.astype(np.int64), axis=axis)
+
+
+def _chain_op(sub, k, opname, op, xs, out):
+    if opname == "GATHER":
+        return _gather(sub, k, op, xs)
+    if opname == "SQUEEZE":
+        return xs[0].reshape(out["shape"]) if xs[0].size == math.prod(out["shape"]) else None
+    return xs[0]            # CAST: the conversion below (C's static_cast: int64 -> int32 wraps, bool is x != 0)
+
+
+def _foldable(sub, opname, ins, outs):
+    """The constant inputs of a foldable integer op (None: not one)."""
+    if (opname not in _INT_OPS and opname not in _SHAPE_OPS and opname not in _CHAIN_OPS) or len(outs) != 1 \
+            or not ins or -1 in ins:
+        return None
+    ts = [sub.tensors[i] for i in (ins[:1] if opname in ("RESHAPE", "EXPAND_DIMS", "SQUEEZE") else ins)]
+    if any(t["data"] is None or t["dtype"] not in _INTS or t["quant"] is not None for t in ts):
+        return None
+    out = sub.tensors[outs[0]]
+    outs_ok = _INTS + ("float32",) if opname == "CAST" else _INTS
+    if outs[0] in sub.values or out["data"] is not None or out["dtype"] not in outs_ok or out["quant"] is not None:
+        return None
+    return [np.asarray(t["data"]) for t in ts]
+
+
 def fold_int_op(sub, k, opname, op, ins, outs):
     """Compute an integer/bool op of constants (a loop counter's ``i + 1``, ``i < n``, a lowered
-    tensor list's slice bounds) at import; True when it set the output's data."""
-    shape_op = opname in _SHAPE_OPS
-    if (opname not in _INT_OPS and not shape_op) or len(outs) != 1 or not ins or -1 in ins:
-        return False
-    ts = [sub.tensors[i] for i in (ins[:1] if opname in ("RESHAPE", "EXPAND_DIMS") else ins)]
-    if any(t["data"] is None or t["dtype"] not in ("int32", "int64", "bool") or t["quant"] is not None for t in ts):
+    tensor list's slice bounds, a CAST or int32 GATHER of the counter) at import; True when it set
+    the output's data."""
+    xs = _foldable(sub, opname, ins, outs)
+    if xs is None:
         return False
     out = sub.tensors[outs[0]]
-    if outs[0] in sub.values or out["data"] is not None or out["dtype"] not in ("int32", "int64", "bool"):
-        return False
-    xs = [np.asarray(t["data"]) for t in ts]
-    if shape_op:
+    if opname in _SHAPE_OPS:
         y = _shape_op(sub, k, opname, op, xs, out)
+    elif opname in _CHAIN_OPS:
+        y = _chain_op(sub, k, opname, op, xs, out)
     else:
         o = tfl.options(sub, k, op, opname, _FUSED[opname]) if opname in _FUSED else None
         if o is not None and int(o.FusedActivationFunction()) != 0:

@@ -1,6 +1,6 @@
 """The 16x8 lstm through the C backend (backends/ops_recurrent_int16.py) on the host: bit-exact
 with the int16 reference (itself bit-exact with TensorFlow Lite Micro) across layouts, cell clips
-and scales, int32 and int64 accumulators and biases, and on TFLM's mnist_lstm quantised to 16x8;
+and scales, int32 and int64 accumulators and biases, gate products that wrap as TFLM's do, and on TFLM's mnist_lstm quantised to 16x8;
 one combined model on the emulated mps2-an386."""
 import os
 
@@ -21,6 +21,9 @@ MNIST = os.path.join(os.path.dirname(__file__), "..", "data", "tflm_mnist_lstm",
     dict(n=3, t=2, i=2, h=4, time_major=False, cell_clip=2.0, cell_log2=-8, bias=1 << 33),   # int64 biases
     dict(n=1, t=2, i=600, h=3, time_major=False, cell_clip=0.0, cell_log2=-16, w_log2=-10.0),  # int64 accumulator
     dict(n=1, t=14, i=3, h=80, time_major=True, cell_clip=0.0, cell_log2=-11),   # hidden states in the arena
+    # gate products past int32 (TFLM keeps the low 32 bits), then past int64 (its products wrap)
+    dict(n=2, t=3, i=2, h=4, cell_log2=-8, w_log2=-3.0, sx=2.0 ** -8, so=2.0 ** -12, bias=1 << 30),
+    dict(n=2, t=3, i=2, h=4, cell_log2=-8, w_log2=-3.0, sx=2.0 ** -8, so=2.0 ** -12, bias=(1 << 63) - 1),
 ])
 def test_lstm_16x8_on_host_c_bit_exact(cfg, tmp_path):
     rng = np.random.default_rng(len(str(cfg)))

@@ -59,6 +59,22 @@ def test_counter_loop(trips, start):
     assert not any(g.types[c].dtype in ("int32", "bool") for c in g.consts)     # the counter chain folded away
 
 
+def test_counter_chain_with_cast_gather_squeeze(tmp_path):
+    """A counter chain of CAST (int32 -> float32, in the cond and the body), an int32 table
+    GATHERed with the counter and SQUEEZE folds at import: only the run-time GATHER, MUL and ADD
+    of each step remain; equal to LiteRT (which runs the loop) on the reference and host C."""
+    g = _check(M.counter_chain_model(), (5, 1, 3), host_dir=tmp_path)
+    assert g.meta["while_trip_counts"] == [5]
+    assert [node.op for node in g.nodes] == ["gather", "mul", "add"] * 5
+    assert not any(g.types[c].dtype in ("int32", "bool") for c in g.consts if g.types[c].shape != ())
+
+
+def test_counter_chain_gather_out_of_range_is_named():
+    with pytest.raises(KilnError, match=r"subgraph 2\): operator 0 \(GATHER\): a loop counter's index 4 is out "
+                                        r"of range 0\.\.3"):
+        load_tflite(M.counter_chain_model(t=5, bad_index=True))
+
+
 def test_accumulating_loop_keeps_one_copy_of_the_weights():
     g = _check(M.accumulate_model(trips=3), (1, 4))
     assert [node.op for node in g.nodes] == ["dense", "add"] * 3

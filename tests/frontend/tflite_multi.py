@@ -6,7 +6,7 @@ import numpy as np
 import tflite
 
 TYPES = {"float32": tflite.TensorType.FLOAT32, "bool": tflite.TensorType.BOOL, "int32": tflite.TensorType.INT32,
-         "int8": tflite.TensorType.INT8, "resource": tflite.TensorType.RESOURCE}
+         "int8": tflite.TensorType.INT8, "int64": tflite.TensorType.INT64, "resource": tflite.TensorType.RESOURCE}
 
 
 def _table(b, name, **fields):

@@ -204,3 +204,36 @@ def malformed_model(kind):
     body.inputs = [i, a]
     body.outputs = [_inc(body, i)] if kind == "body_outputs" else [_inc(body, i), a1]
     return build([main, cond, body])
+
+
+def counter_chain_model(t=5, i=3, bad_index=False):
+    """acc = sum over steps s of x[order[s]] * float(s), the step's index read from an int32 table
+    (GATHER of a [t, 1] table, SQUEEZE) and the cond ``float(s) < t - 0.5`` (CAST): a counter chain
+    of CAST, int32 GATHER and SQUEEZE, folded at import like ADD and LESS. ``bad_index``: the
+    table has t - 1 rows (the last step's counter is out of its range)."""
+    order = np.asarray([[(3 * s + 1) % t] for s in range(t - 1 if bad_index else t)], np.int32)
+    specs = [((), "int32", None, 0), ((t, 1, i), "float32", None, 0), ((1, i), "float32", None, 0)]
+    main = Subgraph("main")
+    x = main.tensor("x", (t, 1, i))
+    ins = [_i32(main, "i0", 0), x, main.tensor("acc0", (1, i), data=np.zeros((1, i), np.float32))]
+    outs = [main.tensor(f"o{j}", s, d) for j, (s, d, _, _) in enumerate(specs)]
+    main.op("WHILE", ins, outs, "WhileOptions", CondSubgraphIndex=1, BodySubgraphIndex=2)
+    main.inputs, main.outputs = [x], [outs[2]]
+    cond = Subgraph("cond")
+    cv = _bind(cond, specs)
+    f, c = cond.tensor("f", ()), cond.tensor("c", (), "bool")
+    cond.op("CAST", [cv[0]], [f])
+    cond.op("LESS", [f, cond.tensor("lim", (), data=np.asarray(t - 0.5, np.float32))], [c])
+    cond.inputs, cond.outputs = cv, [c]
+    body = Subgraph("body")
+    vs = _bind(body, specs)
+    g1, j = body.tensor("g1", (1,), "int32"), body.tensor("j", (), "int32")
+    body.op("GATHER", [body.tensor("order", order.shape, "int32", data=order), vs[0]], [g1], "GatherOptions", Axis=0)
+    body.op("SQUEEZE", [g1], [j])
+    xt, w, p, a1 = body.tensor("xt", (1, i)), body.tensor("w", ()), body.tensor("p", (1, i)), body.tensor("a1", (1, i))
+    body.op("GATHER", [vs[1], j], [xt], "GatherOptions", Axis=0)
+    body.op("CAST", [vs[0]], [w])
+    body.op("MUL", [xt, w], [p], "MulOptions")
+    body.op("ADD", [vs[2], p], [a1], "AddOptions")
+    body.inputs, body.outputs = vs, [_inc(body, vs[0]), vs[1], a1]
+    return build([main, cond, body])

@@ -175,17 +175,3 @@ def test_seanet_models_on_mps2_an386(tmp_path):
         if np.array_equal(np.asarray(want[0]).ravel(), golden.ravel()):
             np.testing.assert_array_equal(np.asarray(res.outputs[0]).ravel(), golden.ravel(), err_msg=model)
     assert len(families) == 8
-
-
-def test_int16_dense_accumulator_bound_is_refused(tmp_path):
-    from kiln.backends.lower import LoweringError
-    from kiln.frontend import Graph, TensorType
-
-    from .int16_graphs import q
-    g = Graph("wide_fc")
-    g.add_input("x", TensorType((1, 600), "int16", q(1e-3)))
-    g.add_const("w", np.full((4, 600), 127, np.int8), q(0.01))
-    g.add_node("dense", ["x", "w"], {"activation": "none"}, name="y", out_type=TensorType((1, 4), "int16", q(1.0)))
-    g.outputs = ["y"]
-    with pytest.raises(LoweringError, match=r"16x8 dense: the accumulator may reach \d+ \(K = 600\)"):
-        compile_pkg(g, target="host", out_dir=tmp_path, plot=False, measure_size=False)
