@@ -40,12 +40,12 @@ from kiln.frontend.ops.int8util import channel_params, per_tensor
 from kiln.frontend.ops.nn import fc_effective_scales
 from kiln.frontend.ops.reduce_shape import SOFTMAX_ACCUMULATION_INTEGER_BITS, softmax_params
 
+from . import cuda_dp4a, qmath
 from . import ops as _c_rules  # noqa: F401  (registers the C backend's int8 rules)
-from . import qmath
 from .cuda_plan import INT8
 from .lower import KernelBuilder, LoweringError, _used_placeholders, lower_node, register_pending
 from .ops_misc import row_reciprocal, softmax_exp_table
-from .ops_nn import _check_int8, _zp, quantized
+from .ops_nn import _check_int8, _zp, quantized, requant_epilogue
 from .qmath import c
 
 STORAGE = INT8            # the manifest's dtype for a quantised graph's package
@@ -107,13 +107,18 @@ def _round_clamp(u, t, zy, lo, hi):
 
 
 def lower_dense(k, node, xs):
-    """int8 dense: int32 accumulation of (x - zx) * (w - zw), the bias, ``fc_double_epilogue``."""
+    """int8 dense: the int32 accumulator (dp4a with the input zero point folded into the bias,
+    ``cuda_dp4a.dense_acc``; else int32 products of (x - zx) * (w - zw) plus the bias), then
+    ``fc_double_epilogue``."""
     tx, tw, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
     if tx.dtype != "int8":
         k.fail(f"dense with a {tx.dtype} input has no CUDA kernel (int8 only)")
     _check_int8(k, node, [node.inputs[0], node.inputs[1], node.name])
     x, w = xs[0], xs[1]
     K, N, lead = tx.shape[-1], tw.shape[0], tx.shape[:-1]
+    acc = cuda_dp4a.dense_acc(k, node, x)
+    if acc is not None:
+        return fc_double_epilogue(k, acc, tx, tw, ty, N, node.attrs["activation"])
     zx = _zp(tx)
     zws = tw.quant.zero_point
     if len(set(zws)) != 1:
@@ -176,7 +181,18 @@ def lower_softmax(k, node, xs):
     return te.compute(ty.shape or (1,), body, name="softmax")
 
 
-CUDA_RULES = {"dense": lower_dense, "softmax": lower_softmax}
+# ---- conv2d ---------------------------------------------------------------------------------
+def lower_conv2d(k, node, xs):
+    """int8 conv2d with dp4a (``cuda_dp4a.conv2d_acc``) and the C rule's requantisation; the C
+    rule itself (int32 products) where dp4a does not apply (depthwise, run-time weights, int16)."""
+    acc = cuda_dp4a.conv2d_acc(k, node, xs[0])
+    if acc is None:
+        return lower_node(k, node, xs)
+    ty = k.type(node.name)
+    return requant_epilogue(k, node, acc, ty, ty.shape[-1], lambda idx: idx[3], node.attrs["activation"])
+
+
+CUDA_RULES = {"dense": lower_dense, "softmax": lower_softmax, "conv2d": lower_conv2d}
 
 
 def lower_int8_node(k, node, xs):
