@@ -39,11 +39,12 @@ from kiln.frontend.graph import Graph
 from kiln.frontend.ops.int8util import channel_params, per_tensor
 from kiln.frontend.ops.nn import fc_effective_scales
 from kiln.frontend.ops.reduce_shape import SOFTMAX_ACCUMULATION_INTEGER_BITS, softmax_params
+from kiln.frontend.registry import SHAPE
 
 from . import cuda_dp4a, qmath
 from . import ops as _c_rules  # noqa: F401  (registers the C backend's int8 rules)
 from .cuda_plan import INT8
-from .lower import KernelBuilder, LoweringError, _used_placeholders, lower_node, register_pending
+from .lower import BACKEND, KernelBuilder, LoweringError, _used_placeholders, lower_node, register_pending
 from .ops_misc import row_reciprocal, softmax_exp_table
 from .ops_nn import _check_int8, _zp, quantized, requant_epilogue
 from .qmath import c
@@ -204,12 +205,52 @@ def lower_int8_node(k, node, xs):
 
 
 # ---- the graph as PrimFuncs + a Relax main ----------------------------------------------------
-def _storage(dtype):
+def _storage(dtype, node=None):
     if dtype == "bool":
         return "uint8"
     if dtype in ("float16", "bfloat16", "float64", "int64", "int16"):
-        raise KilnError(f"values of dtype {dtype} are not supported in a CUDA int8 package")
+        where = f" (node {node.name!r}, {node.op})" if node is not None else ""
+        raise KilnError(f"values of dtype {dtype} are not supported in a CUDA int8 package{where}")
     return dtype
+
+
+def lower_one(graph: Graph, node, consts):
+    """One node as (PrimFunc, [argument value names], out shape, out dtype, {constant: array the
+    rule made}); raises KilnError naming the node and op when the CUDA int8 lowering refuses it
+    (a dtype a package cannot store, no rule, a rule that calls a C helper)."""
+    k = KernelBuilder(graph, None, RULE_TARGET, consts)
+    k.node = node
+    phs, xs = {}, []
+    try:
+        for j, v in enumerate(node.inputs):
+            t = graph.types[v]
+            # distinct names: launches_of matches kernel arguments to parameters by name too
+            ph = te.placeholder(t.shape or (1,), _storage(t.dtype, node), name=f"in{j}")
+            phs[ph] = v
+            xs.append(ph)
+        y = lower_int8_node(k, node, xs)
+    except (LoweringError, NotImplementedError) as e:
+        raise KilnError(f"cuda: {e}") from None
+    want = graph.types[node.name]
+    if tuple(int(s) for s in y.shape) != (tuple(want.shape) or (1,)) or y.dtype != _storage(want.dtype, node):
+        raise KilnError(f"cuda: node {node.name!r} ({node.op}) lowered to {y.dtype}{list(y.shape)}, "
+                        f"the graph says {want}")
+    made = {}
+    for ph, arg in k.placeholders.items():
+        if arg.kind == "const" and arg.name in k.extra_consts:
+            phs[ph] = arg.name
+            made[arg.name] = k.extra_consts[arg.name]
+    used = _used_placeholders(y)
+    missing = [p.op.name for p in used if p not in phs]
+    if missing:
+        raise KilnError(f"cuda: node {node.name!r}: lowering reads unknown tensors {missing}")
+    func = te.create_prim_func(used + [y])
+    if "call_extern" in str(func):
+        raise KilnError(f"cuda: node {node.name!r} ({node.op}): its int8 rule calls a C helper of the C backend, "
+                        f"which a GPU kernel cannot call: run this model with the C backend (kiln compile)")
+    if node.op in SERIAL_OPS:
+        func = func.with_attr(SCHEDULE, "Serial").with_attr(NO_NARROW, True)
+    return func, [phs[p] for p in used], tuple(int(s) for s in y.shape), str(y.dtype), made
 
 
 def node_funcs(graph: Graph):
@@ -219,37 +260,34 @@ def node_funcs(graph: Graph):
     consts = dict(graph.tensors())
     made, out = {}, []
     for node in graph.nodes:
-        k = KernelBuilder(graph, None, RULE_TARGET, consts)
-        k.node = node
-        phs = {}
-        xs = []
-        for j, v in enumerate(node.inputs):
-            t = graph.types[v]
-            # distinct names: launches_of matches kernel arguments to parameters by name too
-            ph = te.placeholder(t.shape or (1,), _storage(t.dtype), name=f"in{j}")
-            phs[ph] = v
-            xs.append(ph)
-        try:
-            y = lower_int8_node(k, node, xs)
-        except (LoweringError, NotImplementedError) as e:
-            raise KilnError(f"cuda: {e}") from None
-        want = graph.types[node.name]
-        if tuple(int(s) for s in y.shape) != (tuple(want.shape) or (1,)) or y.dtype != _storage(want.dtype):
-            raise KilnError(f"cuda: node {node.name!r} ({node.op}) lowered to {y.dtype}{list(y.shape)}, "
-                            f"the graph says {want}")
-        for ph, arg in k.placeholders.items():
-            if arg.kind == "const" and arg.name in k.extra_consts:
-                phs[ph] = arg.name
-                made[arg.name] = k.extra_consts[arg.name]
-        used = _used_placeholders(y)
-        missing = [p.op.name for p in used if p not in phs]
-        if missing:
-            raise KilnError(f"cuda: node {node.name!r}: lowering reads unknown tensors {missing}")
-        func = te.create_prim_func(used + [y])
-        if node.op in SERIAL_OPS:
-            func = func.with_attr(SCHEDULE, "Serial").with_attr(NO_NARROW, True)
-        out.append((node, func, [phs[p] for p in used], tuple(int(s) for s in y.shape), str(y.dtype)))
+        func, args, shape, dtype, m = lower_one(graph, node, consts)
+        made.update(m)
+        out.append((node, func, args, shape, dtype))
     return out, made
+
+
+def node_refusal(graph: Graph, node) -> str | None:
+    """Why the CUDA int8 lowering refuses ``node`` of a quantised graph (None: it lowers it), by
+    lowering it (``kiln inspect``'s cuda column)."""
+    if graph.states:
+        return (f"cuda: graph {graph.name!r} is stateful (states {', '.join(graph.states)}); cuda cannot keep "
+                f"state between runs")
+    register_pending()
+    try:
+        lower_one(graph, node, dict(graph.tensors()))
+    except KilnError as e:
+        return str(e)
+    return None
+
+
+def op_takes_int8(op) -> bool:
+    """Whether the CUDA int8 lowering has a rule for quantised nodes of ``op`` (an OpDef): a CUDA
+    rule, else the C backend's int8 rule (an int8 C kernel with its int8 reference), else the TE
+    compute of a data-movement op, as ``lower_int8_node`` dispatches."""
+    register_pending()
+    c_rule = BACKEND in op.lower
+    return op.name in CUDA_RULES or (c_rule and op.int8_ref is not None) or \
+        (SHAPE in op.props and (c_rule or op.te is not None))
 
 
 def serial_schedule(func):
