@@ -39,14 +39,14 @@ from kiln.frontend.graph import Graph
 from kiln.frontend.ops.int8util import channel_params, per_tensor
 from kiln.frontend.ops.nn import fc_effective_scales
 from kiln.frontend.ops.reduce_shape import SOFTMAX_ACCUMULATION_INTEGER_BITS, softmax_params
-from kiln.frontend.registry import SHAPE
+from kiln.frontend.registry import INT16, SHAPE
 
 from . import cuda_dp4a, qmath
 from . import ops as _c_rules  # noqa: F401  (registers the C backend's int8 rules)
 from .cuda_plan import INT8
 from .lower import BACKEND, KernelBuilder, LoweringError, _used_placeholders, lower_node, register_pending
 from .ops_misc import row_reciprocal, softmax_exp_table
-from .ops_nn import _check_int8, _zp, quantized, requant_epilogue
+from .ops_nn import _check_16x8, _check_int8, _zp, dense16_bias, quantized, requant_epilogue
 from .qmath import c
 
 STORAGE = INT8            # the manifest's dtype for a quantised graph's package
@@ -76,35 +76,36 @@ def is_quantised(graph: Graph) -> bool:
 
 
 # ---- dense: LiteRT's double requantisation, in the kernel ------------------------------------
-def fc_double_epilogue(k, acc, tx, tw, ty, channels, act):
+def fc_double_epilogue(k, acc, tx, tw, ty, channels, act, out="int8"):
     """acc (int32, bias added, channels last) -> int8 exactly as LiteRT's reference
     FULLY_CONNECTED: ``v = double(acc) * eff[c]`` (one IEEE multiply, nothing to contract it
     with), ``r = round(v)`` ties away from zero as ``trunc(v) + (|v - trunc(v)| >= 0.5)`` (the
     difference is exact), saturated to int32, plus the zero point, clamped to the activation
     range. ``v`` is clamped to [-2^31 - 1, 2^31] first so the int64 conversion is defined and
-    saturation is kept."""
+    saturation is kept. ``out``: int8, or int16 for the 16x8 kernel (the same rounding)."""
     s_in, _ = per_tensor(tx, "input", "dense")
     s_out, zy = per_tensor(ty, "output", "dense")
     ws, _, _ = channel_params(tw, channels, "dense")
     eff = k.const("fc_eff", fc_effective_scales(s_in, ws, s_out).astype(np.float64))
-    lo, hi = qmath.activation_range(act, s_out, zy)
+    info = np.iinfo(out)
+    lo, hi = qmath.activation_range(act, s_out, zy, int(info.min), int(info.max))
     f64, i64 = "float64", "int64"
 
     def body(*idx):
         v = acc(*idx).astype(f64) * eff[idx[-1]]
         vc = tirx.max(tirx.min(v, tirx.const(2.0 ** 31, f64)), tirx.const(-2.0 ** 31 - 1, f64))
         return qmath.let("fv", vc, lambda u: qmath.let("ft", u.astype(i64), lambda t: _round_clamp(
-            u, t, zy, lo, hi), i64), f64)
+            u, t, zy, lo, hi, out), i64), f64)
     return te.compute(acc.shape, body, name="requant")
 
 
-def _round_clamp(u, t, zy, lo, hi):
+def _round_clamp(u, t, zy, lo, hi, out):
     i64, f64 = "int64", "float64"
     frac = u - t.astype(f64)
     half = tirx.const(0.5, f64)
     r = t + tirx.Select(frac >= half, c(1, i64), tirx.Select(frac <= -half, c(-1, i64), c(0, i64)))
     r = tirx.max(tirx.min(r, c(2 ** 31 - 1, i64)), c(-2 ** 31, i64)) + c(zy, i64)
-    return tirx.max(tirx.min(r, c(hi, i64)), c(lo, i64)).astype("int8")
+    return tirx.max(tirx.min(r, c(hi, i64)), c(lo, i64)).astype(out)
 
 
 def lower_dense(k, node, xs):
@@ -112,8 +113,10 @@ def lower_dense(k, node, xs):
     ``cuda_dp4a.dense_acc``; else int32 products of (x - zx) * (w - zw) plus the bias), then
     ``fc_double_epilogue``."""
     tx, tw, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
+    if tx.dtype == "int16":
+        return lower_dense_16x8(k, node, xs)
     if tx.dtype != "int8":
-        k.fail(f"dense with a {tx.dtype} input has no CUDA kernel (int8 only)")
+        k.fail(f"dense with a {tx.dtype} input has no CUDA kernel (int8 and 16x8 only)")
     _check_int8(k, node, [node.inputs[0], node.inputs[1], node.name])
     x, w = xs[0], xs[1]
     K, N, lead = tx.shape[-1], tw.shape[0], tx.shape[:-1]
@@ -132,6 +135,23 @@ def lower_dense(k, node, xs):
         bias = xs[2]
         acc = te.compute(acc.shape, lambda *i: acc(*i) + bias[i[-1]], name="bias")
     return fc_double_epilogue(k, acc, tx, tw, ty, N, node.attrs["activation"])
+
+
+def lower_dense_16x8(k, node, xs):
+    """16x8 dense (int16 input and output, int8 weights): the C rule's int32 accumulator (bounded
+    at compile time: ``ops_nn.dense16_bias``) with ``fc_double_epilogue`` in place of its C
+    helper, LiteRT's double requantisation as for int8."""
+    tx, tw, ty = _check_16x8(k, node)
+    x, w = xs[0], xs[1]
+    K, N, lead = tx.shape[-1], tw.shape[0], tx.shape[:-1]
+    b = dense16_bias(k, node, K, N)
+    kk = te.reduce_axis((0, K), "k")
+    acc = te.compute(lead + (N,), lambda *i: te.sum(
+        x[i[:-1] + (kk,)].astype("int32") * w[i[-1], kk].astype("int32"), axis=[kk]), name="acc")
+    if len(node.inputs) == 3:
+        tb = k.const("bias32", b.astype(np.int32))
+        acc = te.compute(acc.shape, lambda *i: acc(*i) + tb[i[-1]], name="bias")
+    return fc_double_epilogue(k, acc, tx, tw, ty, N, node.attrs["activation"], out="int16")
 
 
 # ---- softmax --------------------------------------------------------------------------------
@@ -194,12 +214,15 @@ def lower_conv2d(k, node, xs):
 
 
 CUDA_RULES = {"dense": lower_dense, "softmax": lower_softmax, "conv2d": lower_conv2d}
+CUDA_RULES_16X8 = ("dense",)      # the CUDA rules that take int16 activations; others: the C rule
 
 
 def lower_int8_node(k, node, xs):
-    """One node of a quantised graph as a TE tensor (the CUDA rule, else the C backend's)."""
+    """One node of a quantised graph as a TE tensor: the CUDA rule for int8 activations, else
+    the C backend's (its 16x8 rules for int16 activations)."""
     rule = CUDA_RULES.get(node.op)
-    if rule is not None and quantized(k, node):
+    int16 = k.type(node.inputs[0]).dtype == "int16"
+    if rule is not None and quantized(k, node) and (not int16 or node.op in CUDA_RULES_16X8):
         return rule(k, node, xs)
     return lower_node(k, node, xs)
 
@@ -208,7 +231,7 @@ def lower_int8_node(k, node, xs):
 def _storage(dtype, node=None):
     if dtype == "bool":
         return "uint8"
-    if dtype in ("float16", "bfloat16", "float64", "int64", "int16"):
+    if dtype in ("float16", "bfloat16", "float64"):
         where = f" (node {node.name!r}, {node.op})" if node is not None else ""
         raise KilnError(f"values of dtype {dtype} are not supported in a CUDA int8 package{where}")
     return dtype
@@ -280,14 +303,18 @@ def node_refusal(graph: Graph, node) -> str | None:
     return None
 
 
-def op_takes_int8(op) -> bool:
-    """Whether the CUDA int8 lowering has a rule for quantised nodes of ``op`` (an OpDef): a CUDA
-    rule, else the C backend's int8 rule (an int8 C kernel with its int8 reference), else the TE
-    compute of a data-movement op, as ``lower_int8_node`` dispatches."""
+def op_takes(op, int16=False) -> bool:
+    """Whether the CUDA lowering has a rule for quantised nodes of ``op`` (an OpDef) with int8
+    activations (``int16``: 16x8 ones), as ``lower_int8_node`` dispatches: a CUDA rule (for
+    16x8, the ones in ``CUDA_RULES_16X8``), else the C backend's integer rule (a C kernel with
+    the op's integer reference; 16x8: the op's ``int16`` prop), else the TE compute of a
+    data-movement op. A rule may still refuse a node (``node_refusal`` says why)."""
     register_pending()
     c_rule = BACKEND in op.lower
-    return op.name in CUDA_RULES or (c_rule and op.int8_ref is not None) or \
-        (SHAPE in op.props and (c_rule or op.te is not None))
+    if op.name in CUDA_RULES and (not int16 or op.name in CUDA_RULES_16X8):
+        return True
+    integer = op.int8_ref is not None and (not int16 or INT16 in op.props)
+    return (c_rule and integer) or (SHAPE in op.props and (c_rule or op.te is not None))
 
 
 def serial_schedule(func):

@@ -427,13 +427,9 @@ def lower_conv2d_16x8(k, node, xs):
     return requant16_epilogue(k, acc, mult, shift, ty, lambda idx: idx[3], a["activation"])
 
 
-def lower_dense_16x8(k, node, xs):
-    """16x8 FULLY_CONNECTED. The accumulator is int32 here: every |acc| is bounded at compile time
-    (constant weights and bias, |x| <= 32768) below 2^31, where LiteRT's int64 accumulator holds the
-    same value, and ``kiln_fc_rq`` (kiln_intrinsics.h) gives round(double(acc) * eff) exactly."""
-    x, w = xs[0], xs[1]
-    tx, tw, ty = _check_16x8(k, node)
-    K, N, lead = tx.shape[-1], tw.shape[0], tx.shape[:-1]
+def dense16_bias(k, node, K, N):
+    """The 16x8 dense's int64 bias [N] (zeros without one) once its int32 accumulator is shown to
+    fit: constant weights and bias with sum |w| * 32768 + |b| < 2^31 per channel; fails otherwise."""
     wv = k.value(node.inputs[1])
     b = k.value(node.inputs[2]) if len(node.inputs) == 3 else np.zeros(N, np.int64)
     if wv is None or b is None:
@@ -443,6 +439,17 @@ def lower_dense_16x8(k, node, xs):
     if bound.max(initial=0) >= 2 ** 31:
         k.fail(f"16x8 dense: the accumulator may reach {int(bound.max())} (K = {K}), beyond the int32 the C "
                f"kernel keeps it in; split the layer or use int8 activations")
+    return b
+
+
+def lower_dense_16x8(k, node, xs):
+    """16x8 FULLY_CONNECTED. The accumulator is int32 here: every |acc| is bounded at compile time
+    (constant weights and bias, |x| <= 32768) below 2^31, where LiteRT's int64 accumulator holds the
+    same value, and ``kiln_fc_rq`` (kiln_intrinsics.h) gives round(double(acc) * eff) exactly."""
+    x, w = xs[0], xs[1]
+    tx, tw, ty = _check_16x8(k, node)
+    K, N, lead = tx.shape[-1], tw.shape[0], tx.shape[:-1]
+    b = dense16_bias(k, node, K, N)
     kk = te.reduce_axis((0, K), "k")
     acc = te.compute(lead + (N,), lambda *i: te.sum(
         x[i[:-1] + (kk,)].astype("int32") * w[i[-1], kk].astype("int32"), axis=[kk]), name="acc")

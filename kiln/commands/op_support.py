@@ -11,8 +11,8 @@ registry and the backends' kernels (no table of its own):
   others need an int8 rule (``OpDef.quant``) and an int8 C kernel. An int8 node: as ``c``.
 - ``host-llvm``: the op's TE compute, on float operands (it compiles float graphs).
 - ``cuda``: a float node: the op's TE compute; a quantised node: the CUDA int8 lowering
-  (``backends/cuda_int8.py``) lowers it, asked by lowering the node (``node_refusal``: int8
-  storage only, so 16x8 nodes are NO).
+  (``backends/cuda_int8.py``, int8 and 16x8) lowers it, asked by lowering the node
+  (``node_refusal``).
 """
 from __future__ import annotations
 
@@ -103,7 +103,8 @@ def target_support(graph) -> dict:
             "runs_on": [t for t in TARGETS if not unsupported[t]]}
 
 
-OP_COLUMNS = ("float", "int8", "int16", "C float", "C int8", "C int16", "host-llvm", "cuda", "cuda int8")
+OP_COLUMNS = ("float", "int8", "int16", "C float", "C int8", "C int16", "host-llvm", "cuda", "cuda int8",
+              "cuda int16")
 
 
 def op_support(name) -> dict:
@@ -113,8 +114,8 @@ def op_support(name) -> dict:
     dtype), ``int16`` (TFLite's 16x8 kernel: the ``int16`` prop). ``C ...``: the C backend
     (host and every board) for that dtype: a C kernel plus the reference's integer rule, or the
     TE compute for float and data movement. ``host-llvm`` and ``cuda`` compile float graphs;
-    ``cuda int8``: the CUDA int8 lowering has a rule for the op (``cuda_int8.op_takes_int8``;
-    int16 activations are not stored by a CUDA package)."""
+    ``cuda int8`` / ``cuda int16``: the CUDA backend's integer lowering has a rule for the op
+    with int8 / int16 activations (``cuda_int8.op_takes``)."""
     backend, _ = _c_backend()
     op = get_op(name)
     shape = SHAPE in op.props
@@ -125,7 +126,7 @@ def op_support(name) -> dict:
     return {"float": op.ref is not None, "int8": int8, "int16": int16,
             "C float": c_kernel or op.te is not None, "C int8": int8 and c_int, "C int16": int16 and c_int,
             "host-llvm": op.te is not None, "cuda": op.te is not None,
-            "cuda int8": int8 and _cuda_int8().op_takes_int8(op)}
+            "cuda int8": int8 and _cuda_int8().op_takes(op), "cuda int16": int16 and _cuda_int8().op_takes(op, True)}
 
 
 def support_text(sup) -> list[str]:
