@@ -1,4 +1,5 @@
-"""int8 graphs on CUDA: the C backend's int8 lowering rules as TE, in one Relax module per graph.
+"""int8 and 16x8 graphs on CUDA: the C backend's integer lowering rules as TE, in one Relax module
+per graph.
 
 A quantised graph takes the CUDA pipeline of ``backends/cuda.py`` with two passes of its own in
 front (``relax`` and ``steps``); scheduling (DLight), lowering, the arena plan, the weights blob,
@@ -9,9 +10,13 @@ C override for int8, TFLite's reference kernels bit for bit, else the op's TE co
 movement), with a target that has no Kiln C kernels: convolutions, depthwise convolutions,
 pooling, ADD, MUL, softmax, the unary tables and the requantisation are plain TE computes with
 int32 accumulation and gemmlowp's SaturatingRoundingDoublingHighMul + RoundingDivideByPOT
-(``qmath.mbqm``, per-channel multipliers as weights) fused as their epilogue. What differs from the C backend:
+(``qmath.mbqm``, per-channel multipliers as weights) fused as their epilogue; 16x8 nodes (int16
+activations, int8 weights, int64 biases) take the C backend's 16x8 rules the same way. What
+differs from the C backend:
 
-- ``dense``: LiteRT's reference FULLY_CONNECTED requantises in IEEE double
+- ``conv2d`` (not depthwise) and ``dense`` with int8 activations reduce with dp4a, the input zero
+  point folded into the bias (``backends/cuda_dp4a.py``).
+- ``dense`` (int8 and 16x8): LiteRT's reference FULLY_CONNECTED requantises in IEEE double
   (``round(double(acc) * eff)``, ties away from zero; ``frontend/ops/nn.py: fc_requantize``).
   The C backend emulates that in integers (``kiln_fc_s8``, a C helper a GPU kernel cannot call);
   here the kernel does the double multiply itself (GPUs and OpenCL CPUs have IEEE doubles) and
