@@ -159,6 +159,7 @@ def test_kiln_compile_int8_for_cuda(tmp_path, capsys):
 @pytest.mark.parametrize("name", BIG)
 def test_mlperf_tiny_int8_bit_exact_on_cuda_sim(tmp_path, name):
     pkg = cuda.compile(load_model(_model(name)), str(tmp_path / name), arch="sm_80", check=None)
+    assert "__dp4a(" in open(os.path.join(pkg, "kernels.cu")).read()
     _sim(pkg, name)
     try:
         nvrtc.toolkit()

@@ -72,7 +72,14 @@ def _seanet(path):
 OPENCL_INT8X2 = pytest.mark.xfail(strict=True, reason="TVM's OpenCL codegen: convert_int2 of a packed int8x2 gather")
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=OPENCL_INT8X2) if n == "transpose_conv4" else n for n in
+CI_MODELS = ("conv0", "leaky_relu11", "sub4")                 # the others: slow
+
+
+def _marks(name):
+    return ([OPENCL_INT8X2] if name == "transpose_conv4" else []) + ([] if name in CI_MODELS else [pytest.mark.slow])
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n)) for n in
                                   sorted(os.path.basename(p)[:-7] for p in glob.glob(os.path.join(SEANET, "*.tflite")))])
 def test_seanet_int16_on_cuda_sim(tmp_path, name):
     """TFLite Micro's seanet int16 models: cuda-sim equals Kiln's int16 reference (which equals
