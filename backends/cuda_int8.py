@@ -1,4 +1,5 @@
-"""int8 graphs on CUDA: the C backend's int8 lowering rules as TE, in one Relax module per graph.
+"""int8 and 16x8 graphs on CUDA: the C backend's integer lowering rules as TE, in one Relax module
+per graph.
 
 A quantised graph takes the CUDA pipeline of ``backends/cuda.py`` with two passes of its own in
 front (``relax`` and ``steps``); scheduling (DLight), lowering, the arena plan, the weights blob,
@@ -9,9 +10,13 @@ C override for int8, TFLite's reference kernels bit for bit, else the op's TE co
 movement), with a target that has no Kiln C kernels: convolutions, depthwise convolutions,
 pooling, ADD, MUL, softmax, the unary tables and the requantisation are plain TE computes with
 int32 accumulation and gemmlowp's SaturatingRoundingDoublingHighMul + RoundingDivideByPOT
-(``qmath.mbqm``, per-channel multipliers as weights) fused as their epilogue. What differs from the C backend:
+(``qmath.mbqm``, per-channel multipliers as weights) fused as their epilogue; 16x8 nodes (int16
+activations, int8 weights, int64 biases) take the C backend's 16x8 rules the same way. What
+differs from the C backend:
 
-- ``dense``: LiteRT's reference FULLY_CONNECTED requantises in IEEE double
+- ``conv2d`` (not depthwise) and ``dense`` with int8 activations reduce with dp4a, the input zero
+  point folded into the bias (``backends/cuda_dp4a.py``).
+- ``dense`` (int8 and 16x8): LiteRT's reference FULLY_CONNECTED requantises in IEEE double
   (``round(double(acc) * eff)``, ties away from zero; ``frontend/ops/nn.py: fc_requantize``).
   The C backend emulates that in integers (``kiln_fc_s8``, a C helper a GPU kernel cannot call);
   here the kernel does the double multiply itself (GPUs and OpenCL CPUs have IEEE doubles) and
@@ -39,13 +44,14 @@ from kiln.frontend.graph import Graph
 from kiln.frontend.ops.int8util import channel_params, per_tensor
 from kiln.frontend.ops.nn import fc_effective_scales
 from kiln.frontend.ops.reduce_shape import SOFTMAX_ACCUMULATION_INTEGER_BITS, softmax_params
+from kiln.frontend.registry import INT16, SHAPE
 
+from . import cuda_dp4a, qmath
 from . import ops as _c_rules  # noqa: F401  (registers the C backend's int8 rules)
-from . import qmath
 from .cuda_plan import INT8
-from .lower import KernelBuilder, LoweringError, _used_placeholders, lower_node, register_pending
+from .lower import BACKEND, KernelBuilder, LoweringError, _used_placeholders, lower_node, register_pending
 from .ops_misc import row_reciprocal, softmax_exp_table
-from .ops_nn import _check_int8, _zp, quantized
+from .ops_nn import _check_16x8, _check_int8, _zp, dense16_bias, quantized, requant_epilogue
 from .qmath import c
 
 STORAGE = INT8            # the manifest's dtype for a quantised graph's package
@@ -75,45 +81,53 @@ def is_quantised(graph: Graph) -> bool:
 
 
 # ---- dense: LiteRT's double requantisation, in the kernel ------------------------------------
-def fc_double_epilogue(k, acc, tx, tw, ty, channels, act):
+def fc_double_epilogue(k, acc, tx, tw, ty, channels, act, out="int8"):
     """acc (int32, bias added, channels last) -> int8 exactly as LiteRT's reference
     FULLY_CONNECTED: ``v = double(acc) * eff[c]`` (one IEEE multiply, nothing to contract it
     with), ``r = round(v)`` ties away from zero as ``trunc(v) + (|v - trunc(v)| >= 0.5)`` (the
     difference is exact), saturated to int32, plus the zero point, clamped to the activation
     range. ``v`` is clamped to [-2^31 - 1, 2^31] first so the int64 conversion is defined and
-    saturation is kept."""
+    saturation is kept. ``out``: int8, or int16 for the 16x8 kernel (the same rounding)."""
     s_in, _ = per_tensor(tx, "input", "dense")
     s_out, zy = per_tensor(ty, "output", "dense")
     ws, _, _ = channel_params(tw, channels, "dense")
     eff = k.const("fc_eff", fc_effective_scales(s_in, ws, s_out).astype(np.float64))
-    lo, hi = qmath.activation_range(act, s_out, zy)
+    info = np.iinfo(out)
+    lo, hi = qmath.activation_range(act, s_out, zy, int(info.min), int(info.max))
     f64, i64 = "float64", "int64"
 
     def body(*idx):
         v = acc(*idx).astype(f64) * eff[idx[-1]]
         vc = tirx.max(tirx.min(v, tirx.const(2.0 ** 31, f64)), tirx.const(-2.0 ** 31 - 1, f64))
         return qmath.let("fv", vc, lambda u: qmath.let("ft", u.astype(i64), lambda t: _round_clamp(
-            u, t, zy, lo, hi), i64), f64)
+            u, t, zy, lo, hi, out), i64), f64)
     return te.compute(acc.shape, body, name="requant")
 
 
-def _round_clamp(u, t, zy, lo, hi):
+def _round_clamp(u, t, zy, lo, hi, out):
     i64, f64 = "int64", "float64"
     frac = u - t.astype(f64)
     half = tirx.const(0.5, f64)
     r = t + tirx.Select(frac >= half, c(1, i64), tirx.Select(frac <= -half, c(-1, i64), c(0, i64)))
     r = tirx.max(tirx.min(r, c(2 ** 31 - 1, i64)), c(-2 ** 31, i64)) + c(zy, i64)
-    return tirx.max(tirx.min(r, c(hi, i64)), c(lo, i64)).astype("int8")
+    return tirx.max(tirx.min(r, c(hi, i64)), c(lo, i64)).astype(out)
 
 
 def lower_dense(k, node, xs):
-    """int8 dense: int32 accumulation of (x - zx) * (w - zw), the bias, ``fc_double_epilogue``."""
+    """int8 dense: the int32 accumulator (dp4a with the input zero point folded into the bias,
+    ``cuda_dp4a.dense_acc``; else int32 products of (x - zx) * (w - zw) plus the bias), then
+    ``fc_double_epilogue``."""
     tx, tw, ty = k.type(node.inputs[0]), k.type(node.inputs[1]), k.type(node.name)
+    if tx.dtype == "int16":
+        return lower_dense_16x8(k, node, xs)
     if tx.dtype != "int8":
-        k.fail(f"dense with a {tx.dtype} input has no CUDA kernel (int8 only)")
+        k.fail(f"dense with a {tx.dtype} input has no CUDA kernel (int8 and 16x8 only)")
     _check_int8(k, node, [node.inputs[0], node.inputs[1], node.name])
     x, w = xs[0], xs[1]
     K, N, lead = tx.shape[-1], tw.shape[0], tx.shape[:-1]
+    acc = cuda_dp4a.dense_acc(k, node, x)
+    if acc is not None:
+        return fc_double_epilogue(k, acc, tx, tw, ty, N, node.attrs["activation"])
     zx = _zp(tx)
     zws = tw.quant.zero_point
     if len(set(zws)) != 1:
@@ -126,6 +140,23 @@ def lower_dense(k, node, xs):
         bias = xs[2]
         acc = te.compute(acc.shape, lambda *i: acc(*i) + bias[i[-1]], name="bias")
     return fc_double_epilogue(k, acc, tx, tw, ty, N, node.attrs["activation"])
+
+
+def lower_dense_16x8(k, node, xs):
+    """16x8 dense (int16 input and output, int8 weights): the C rule's int32 accumulator (bounded
+    at compile time: ``ops_nn.dense16_bias``) with ``fc_double_epilogue`` in place of its C
+    helper, LiteRT's double requantisation as for int8."""
+    tx, tw, ty = _check_16x8(k, node)
+    x, w = xs[0], xs[1]
+    K, N, lead = tx.shape[-1], tw.shape[0], tx.shape[:-1]
+    b = dense16_bias(k, node, K, N)
+    kk = te.reduce_axis((0, K), "k")
+    acc = te.compute(lead + (N,), lambda *i: te.sum(
+        x[i[:-1] + (kk,)].astype("int32") * w[i[-1], kk].astype("int32"), axis=[kk]), name="acc")
+    if len(node.inputs) == 3:
+        tb = k.const("bias32", b.astype(np.int32))
+        acc = te.compute(acc.shape, lambda *i: acc(*i) + tb[i[-1]], name="bias")
+    return fc_double_epilogue(k, acc, tx, tw, ty, N, node.attrs["activation"], out="int16")
 
 
 # ---- softmax --------------------------------------------------------------------------------
@@ -176,24 +207,78 @@ def lower_softmax(k, node, xs):
     return te.compute(ty.shape or (1,), body, name="softmax")
 
 
-CUDA_RULES = {"dense": lower_dense, "softmax": lower_softmax}
+# ---- conv2d ---------------------------------------------------------------------------------
+def lower_conv2d(k, node, xs):
+    """int8 conv2d with dp4a (``cuda_dp4a.conv2d_acc``) and the C rule's requantisation; the C
+    rule itself (int32 products) where dp4a does not apply (depthwise, run-time weights, int16)."""
+    acc = cuda_dp4a.conv2d_acc(k, node, xs[0])
+    if acc is None:
+        return lower_node(k, node, xs)
+    ty = k.type(node.name)
+    return requant_epilogue(k, node, acc, ty, ty.shape[-1], lambda idx: idx[3], node.attrs["activation"])
+
+
+CUDA_RULES = {"dense": lower_dense, "softmax": lower_softmax, "conv2d": lower_conv2d}
+CUDA_RULES_16X8 = ("dense",)      # the CUDA rules that take int16 activations; others: the C rule
 
 
 def lower_int8_node(k, node, xs):
-    """One node of a quantised graph as a TE tensor (the CUDA rule, else the C backend's)."""
+    """One node of a quantised graph as a TE tensor: the CUDA rule for int8 activations, else
+    the C backend's (its 16x8 rules for int16 activations)."""
     rule = CUDA_RULES.get(node.op)
-    if rule is not None and quantized(k, node):
+    int16 = k.type(node.inputs[0]).dtype == "int16"
+    if rule is not None and quantized(k, node) and (not int16 or node.op in CUDA_RULES_16X8):
         return rule(k, node, xs)
     return lower_node(k, node, xs)
 
 
 # ---- the graph as PrimFuncs + a Relax main ----------------------------------------------------
-def _storage(dtype):
+def _storage(dtype, node=None):
     if dtype == "bool":
         return "uint8"
-    if dtype in ("float16", "bfloat16", "float64", "int64", "int16"):
-        raise KilnError(f"values of dtype {dtype} are not supported in a CUDA int8 package")
+    if dtype in ("float16", "bfloat16", "float64"):
+        where = f" (node {node.name!r}, {node.op})" if node is not None else ""
+        raise KilnError(f"values of dtype {dtype} are not supported in a CUDA int8 package{where}")
     return dtype
+
+
+def lower_one(graph: Graph, node, consts):
+    """One node as (PrimFunc, [argument value names], out shape, out dtype, {constant: array the
+    rule made}); raises KilnError naming the node and op when the CUDA int8 lowering refuses it
+    (a dtype a package cannot store, no rule, a rule that calls a C helper)."""
+    k = KernelBuilder(graph, None, RULE_TARGET, consts)
+    k.node = node
+    phs, xs = {}, []
+    try:
+        for j, v in enumerate(node.inputs):
+            t = graph.types[v]
+            # distinct names: launches_of matches kernel arguments to parameters by name too
+            ph = te.placeholder(t.shape or (1,), _storage(t.dtype, node), name=f"in{j}")
+            phs[ph] = v
+            xs.append(ph)
+        y = lower_int8_node(k, node, xs)
+    except (LoweringError, NotImplementedError) as e:
+        raise KilnError(f"cuda: {e}") from None
+    want = graph.types[node.name]
+    if tuple(int(s) for s in y.shape) != (tuple(want.shape) or (1,)) or y.dtype != _storage(want.dtype, node):
+        raise KilnError(f"cuda: node {node.name!r} ({node.op}) lowered to {y.dtype}{list(y.shape)}, "
+                        f"the graph says {want}")
+    made = {}
+    for ph, arg in k.placeholders.items():
+        if arg.kind == "const" and arg.name in k.extra_consts:
+            phs[ph] = arg.name
+            made[arg.name] = k.extra_consts[arg.name]
+    used = _used_placeholders(y)
+    missing = [p.op.name for p in used if p not in phs]
+    if missing:
+        raise KilnError(f"cuda: node {node.name!r}: lowering reads unknown tensors {missing}")
+    func = te.create_prim_func(used + [y])
+    if "call_extern" in str(func):
+        raise KilnError(f"cuda: node {node.name!r} ({node.op}): its int8 rule calls a C helper of the C backend, "
+                        f"which a GPU kernel cannot call: run this model with the C backend (kiln compile)")
+    if node.op in SERIAL_OPS:
+        func = func.with_attr(SCHEDULE, "Serial").with_attr(NO_NARROW, True)
+    return func, [phs[p] for p in used], tuple(int(s) for s in y.shape), str(y.dtype), made
 
 
 def node_funcs(graph: Graph):
@@ -203,37 +288,38 @@ def node_funcs(graph: Graph):
     consts = dict(graph.tensors())
     made, out = {}, []
     for node in graph.nodes:
-        k = KernelBuilder(graph, None, RULE_TARGET, consts)
-        k.node = node
-        phs = {}
-        xs = []
-        for j, v in enumerate(node.inputs):
-            t = graph.types[v]
-            # distinct names: launches_of matches kernel arguments to parameters by name too
-            ph = te.placeholder(t.shape or (1,), _storage(t.dtype), name=f"in{j}")
-            phs[ph] = v
-            xs.append(ph)
-        try:
-            y = lower_int8_node(k, node, xs)
-        except (LoweringError, NotImplementedError) as e:
-            raise KilnError(f"cuda: {e}") from None
-        want = graph.types[node.name]
-        if tuple(int(s) for s in y.shape) != (tuple(want.shape) or (1,)) or y.dtype != _storage(want.dtype):
-            raise KilnError(f"cuda: node {node.name!r} ({node.op}) lowered to {y.dtype}{list(y.shape)}, "
-                            f"the graph says {want}")
-        for ph, arg in k.placeholders.items():
-            if arg.kind == "const" and arg.name in k.extra_consts:
-                phs[ph] = arg.name
-                made[arg.name] = k.extra_consts[arg.name]
-        used = _used_placeholders(y)
-        missing = [p.op.name for p in used if p not in phs]
-        if missing:
-            raise KilnError(f"cuda: node {node.name!r}: lowering reads unknown tensors {missing}")
-        func = te.create_prim_func(used + [y])
-        if node.op in SERIAL_OPS:
-            func = func.with_attr(SCHEDULE, "Serial").with_attr(NO_NARROW, True)
-        out.append((node, func, [phs[p] for p in used], tuple(int(s) for s in y.shape), str(y.dtype)))
+        func, args, shape, dtype, m = lower_one(graph, node, consts)
+        made.update(m)
+        out.append((node, func, args, shape, dtype))
     return out, made
+
+
+def node_refusal(graph: Graph, node) -> str | None:
+    """Why the CUDA int8 lowering refuses ``node`` of a quantised graph (None: it lowers it), by
+    lowering it (``kiln inspect``'s cuda column)."""
+    if graph.states:
+        return (f"cuda: graph {graph.name!r} is stateful (states {', '.join(graph.states)}); cuda cannot keep "
+                f"state between runs")
+    register_pending()
+    try:
+        lower_one(graph, node, dict(graph.tensors()))
+    except KilnError as e:
+        return str(e)
+    return None
+
+
+def op_takes(op, int16=False) -> bool:
+    """Whether the CUDA lowering has a rule for quantised nodes of ``op`` (an OpDef) with int8
+    activations (``int16``: 16x8 ones), as ``lower_int8_node`` dispatches: a CUDA rule (for
+    16x8, the ones in ``CUDA_RULES_16X8``), else the C backend's integer rule (a C kernel with
+    the op's integer reference; 16x8: the op's ``int16`` prop), else the TE compute of a
+    data-movement op. A rule may still refuse a node (``node_refusal`` says why)."""
+    register_pending()
+    c_rule = BACKEND in op.lower
+    if op.name in CUDA_RULES and (not int16 or op.name in CUDA_RULES_16X8):
+        return True
+    integer = op.int8_ref is not None and (not int16 or INT16 in op.props)
+    return (c_rule and integer) or (SHAPE in op.props and (c_rule or op.te is not None))
 
 
 def serial_schedule(func):

@@ -156,6 +156,8 @@ def interpret_plan(pkg, inputs, params=None, poison=True):
     buffer nobody wrote, or one clobbered by a wrongly shared slot, shows up as NaN. Returns the
     outputs as float32/NumPy arrays."""
     import tvm  # TVM: builds each step for the CPU
+
+    from . import cuda_dp4a  # noqa: F401  (registers kiln.dp4a, which int8 steps call)
     m = load_manifest(pkg)
     with open(os.path.join(pkg, "groups.json")) as f:
         tir_mod = tvm.ir.load_json(f.read())

@@ -432,6 +432,27 @@ def lower_conv2d_16x8(k, node, xs):
     return requant16_epilogue(k, acc, mult, shift, ty, lambda idx: idx[3], a["activation"])
 
 
+def dense16_bias(k, node, K, N):
+    """The 16x8 dense's int64 bias [N] (zeros without one) where its int32 accumulator is shown to
+    fit: constant weights and bias with sum |w| * 32768 + |b| < 2^31 per channel (the CUDA rule
+    keeps int32 only; the C rule below widens to int64); fails otherwise."""
+    b, bound = _dense16_bound(k, node, N)
+    if bound >= 2 ** 31:
+        k.fail(f"16x8 dense: the accumulator may reach {bound} (K = {K}), beyond the int32 this "
+               f"kernel keeps it in; run the model on the C backend, split the layer or use int8 activations")
+    return b
+
+
+def _dense16_bound(k, node, N):
+    """(int64 bias [N], the largest |acc| any int16 input can give) of a 16x8 dense."""
+    wv = k.value(node.inputs[1])
+    b = k.value(node.inputs[2]) if len(node.inputs) == 3 else np.zeros(N, np.int64)
+    if wv is None or b is None:
+        k.fail("16x8 dense needs constant weights and bias")
+    b = np.asarray(b, np.int64).reshape(-1)
+    return b, int((np.abs(np.asarray(wv, np.int64)).sum(axis=1) * 32768 + np.abs(b)).max(initial=0))
+
+
 def lower_dense_16x8(k, node, xs):
     """16x8 FULLY_CONNECTED. The accumulator is int32 when every |acc| is bounded at compile time
     (constant weights and bias, |x| <= 32768) below 2^31, where LiteRT's int64 accumulator holds
@@ -440,13 +461,8 @@ def lower_dense_16x8(k, node, xs):
     x, w = xs[0], xs[1]
     tx, tw, ty = _check_16x8(k, node)
     K, N, lead = tx.shape[-1], tw.shape[0], tx.shape[:-1]
-    wv = k.value(node.inputs[1])
-    b = k.value(node.inputs[2]) if len(node.inputs) == 3 else np.zeros(N, np.int64)
-    if wv is None or b is None:
-        k.fail("16x8 dense needs constant weights and bias")
-    b = np.asarray(b, np.int64).reshape(-1)
-    bound = np.abs(np.asarray(wv, np.int64)).sum(axis=1) * 32768 + np.abs(b)
-    wide = bound.max(initial=0) >= 2 ** 31
+    b, bound = _dense16_bound(k, node, N)
+    wide = bound >= 2 ** 31
     at = I64 if wide else "int32"
     kk = te.reduce_axis((0, K), "k")
     acc = te.compute(lead + (N,), lambda *i: te.sum(

@@ -9,7 +9,10 @@ registry and the backends' kernels (no table of its own):
 - ``int8``: after ``kiln quantize``, on the host C package and the boards: a float node PTQ
   folds away (constant arithmetic, BatchNorm) or fuses (ReLU into the conv) is ``folded``; the
   others need an int8 rule (``OpDef.quant``) and an int8 C kernel. An int8 node: as ``c``.
-- ``host-llvm`` and ``cuda``: the op's TE compute, on float operands (they compile float graphs).
+- ``host-llvm``: the op's TE compute, on float operands (it compiles float graphs).
+- ``cuda``: a float node: the op's TE compute; a quantised node: the CUDA int8 lowering
+  (``backends/cuda_int8.py``, int8 and 16x8) lowers it, asked by lowering the node
+  (``node_refusal``).
 """
 from __future__ import annotations
 
@@ -27,6 +30,12 @@ def _c_backend():
     from kiln.backends import ops as _c_kernels  # noqa: F401  (fills OpDef.lower["c"])
     from kiln.backends.lower import BACKEND, C_DTYPES
     return BACKEND, C_DTYPES
+
+
+def _cuda_int8():
+    """The CUDA int8 lowering (TVM): which quantised nodes and ops it takes."""
+    from kiln.backends import cuda_int8
+    return cuda_int8
 
 
 def _quantised(graph, node):
@@ -61,7 +70,7 @@ def node_support(graph, node, backend, c_dtypes, survivors) -> dict:
     s = {"reference": (int_rule or (shape and op.ref is not None)) if q else op.ref is not None,
          "c": c_int8 if q else c_float,
          "host-llvm": not q and op.te is not None,
-         "cuda": not q and op.te is not None}
+         "cuda": _cuda_int8().node_refusal(graph, node) is None if q else op.te is not None}
     if q:
         s["int8"] = c_int8
     elif survivors is not None and node.name not in survivors:
@@ -94,7 +103,8 @@ def target_support(graph) -> dict:
             "runs_on": [t for t in TARGETS if not unsupported[t]]}
 
 
-OP_COLUMNS = ("float", "int8", "int16", "C float", "C int8", "C int16", "host-llvm", "cuda")
+OP_COLUMNS = ("float", "int8", "int16", "C float", "C int8", "C int16", "host-llvm", "cuda", "cuda int8",
+              "cuda int16")
 
 
 def op_support(name) -> dict:
@@ -103,7 +113,9 @@ def op_support(name) -> dict:
     ``float`` (a NumPy reference), ``int8`` (an int8 reference; data movement copies any
     dtype), ``int16`` (TFLite's 16x8 kernel: the ``int16`` prop). ``C ...``: the C backend
     (host and every board) for that dtype: a C kernel plus the reference's integer rule, or the
-    TE compute for float and data movement. ``host-llvm`` and ``cuda`` compile float graphs."""
+    TE compute for float and data movement. ``host-llvm`` and ``cuda`` compile float graphs;
+    ``cuda int8`` / ``cuda int16``: the CUDA backend's integer lowering has a rule for the op
+    with int8 / int16 activations (``cuda_int8.op_takes``)."""
     backend, _ = _c_backend()
     op = get_op(name)
     shape = SHAPE in op.props
@@ -113,7 +125,8 @@ def op_support(name) -> dict:
     c_int = c_kernel or (shape and op.te is not None)
     return {"float": op.ref is not None, "int8": int8, "int16": int16,
             "C float": c_kernel or op.te is not None, "C int8": int8 and c_int, "C int16": int16 and c_int,
-            "host-llvm": op.te is not None, "cuda": op.te is not None}
+            "host-llvm": op.te is not None, "cuda": op.te is not None,
+            "cuda int8": int8 and _cuda_int8().op_takes(op), "cuda int16": int16 and _cuda_int8().op_takes(op, True)}
 
 
 def support_text(sup) -> list[str]:

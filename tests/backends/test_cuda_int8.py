@@ -89,7 +89,9 @@ def test_fc_requantisation_rounds_like_litert_at_ties_and_extremes():
 def test_int8_package_is_int8(small_pkg):
     m = cuda.load_manifest(small_pkg)
     assert m.dtype == "int8" and m.inputs[0].dtype == "int8" and m.outputs[0].dtype == "int8"
-    assert {w.dtype for w in m.weights} >= {"int8", "int32", "float64"}    # weights, biases, FC scales
+    # dp4a: weights packed 4 to an int32 word (``*_w4``), biases with the input zero point folded in
+    assert {w.dtype for w in m.weights} >= {"int32", "float64"}            # packed weights, biases, FC scales
+    assert any(w.name.endswith("_w4") for w in m.weights)
     assert all(s.launches for s in m.steps)
 
 
@@ -157,6 +159,7 @@ def test_kiln_compile_int8_for_cuda(tmp_path, capsys):
 @pytest.mark.parametrize("name", BIG)
 def test_mlperf_tiny_int8_bit_exact_on_cuda_sim(tmp_path, name):
     pkg = cuda.compile(load_model(_model(name)), str(tmp_path / name), arch="sm_80", check=None)
+    assert "__dp4a(" in open(os.path.join(pkg, "kernels.cu")).read()
     _sim(pkg, name)
     try:
         nvrtc.toolkit()

@@ -69,8 +69,23 @@ def test_int8_graph(graph):
     for r in sup["ops"]:
         if r["quantised"]:
             assert r["c"] is True and r["int8"] is True and r["reference"] is True
-            assert r["host-llvm"] is False and r["cuda"] is False
-    assert sup["runs_on"] == ["reference", "c", "int8"]
+            assert r["host-llvm"] is False and r["cuda"] is True        # the CUDA int8 lowering
+    assert sup["runs_on"] == ["reference", "c", "int8", "cuda"]
+
+
+def test_int8_cuda_column_follows_the_cuda_lowering(monkeypatch):
+    """A quantised node's cuda answer is the CUDA int8 lowering's: without its conv2d rules (the
+    CUDA one and the C one it falls back to) the int8 conv is NO on cuda, and only there."""
+    from kiln.backends import cuda_int8
+    g = kiln.trace(nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(64, 3)),
+                   np.zeros((1, 6, 6, 1), np.float32))
+    q = ptq(g, np.random.default_rng(0).random((8, 6, 6, 1)).astype(np.float32))
+    target_support(q)                                       # the C kernels are registered now
+    monkeypatch.delitem(cuda_int8.CUDA_RULES, "conv2d")
+    monkeypatch.delitem(get_op("conv2d").lower, "c")
+    sup = target_support(q)
+    assert rows(sup)[("conv2d", True)]["cuda"] is False and rows(sup)[("dense", True)]["cuda"] is True
+    assert sup["unsupported"]["cuda"] == [n.name for n in q.nodes if n.op == "conv2d"]
 
 
 def test_cli_json_and_text(tmp_path, capsys, graph):
@@ -92,7 +107,7 @@ def test_int16_graph_follows_the_int16_prop(graph, monkeypatch):
                    np.zeros((1, 6, 6, 1), np.float32))
     q = ptq(g, np.random.default_rng(0).random((8, 6, 6, 1)).astype(np.float32), activations="int16")
     sup = target_support(q)
-    assert sup["runs_on"] == ["reference", "c", "int8"]
+    assert sup["runs_on"] == ["reference", "c", "int8", "cuda"]   # the CUDA lowering's 16x8 rules
     dense = get_op("dense")
     monkeypatch.setattr(dense, "props", dense.props - {"int16"})
     sup = target_support(q)
