@@ -5,7 +5,8 @@ checks and interprets it on the CPU. ``compile`` runs ``PIPELINE``, one named pa
 typed state (:class:`CudaState`); every pass only needs what the ones before produced:
 
   relax         one ``emit_te`` per node with the TE rules (float32, or float16/bfloat16 storage
-                with float32 accumulation), then Relax AnnotateTIROpPattern + FuseOps + FuseTIR:
+                with float32 accumulation, each value's storage dtype from
+                ``tvm_te.precision_plan``), then Relax AnnotateTIROpPattern + FuseOps + FuseTIR:
                 element-wise epilogues (bias, activation, BN arithmetic, gradient masks) fuse into
                 their producers
   steps         walk Relax ``main``: each ``call_tir`` is one step with its argument values
