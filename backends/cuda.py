@@ -5,7 +5,8 @@ checks and interprets it on the CPU. ``compile`` runs ``PIPELINE``, one named pa
 typed state (:class:`CudaState`); every pass only needs what the ones before produced:
 
   relax         one ``emit_te`` per node with the TE rules (float32, or float16/bfloat16 storage
-                with float32 accumulation), then Relax AnnotateTIROpPattern + FuseOps + FuseTIR:
+                with float32 accumulation, each value's storage dtype from
+                ``tvm_te.precision_plan``), then Relax AnnotateTIROpPattern + FuseOps + FuseTIR:
                 element-wise epilogues (bias, activation, BN arithmetic, gradient masks) fuse into
                 their producers
   steps         walk Relax ``main``: each ``call_tir`` is one step with its argument values
@@ -75,9 +76,9 @@ def _align(n, a=ALIGN):
 
 
 # ---- fuse + steps -----------------------------------------------------------------------------
-def fuse(graph: Graph, dtype="float32", target=None, with_updates=False):
-    """Relax module after FuseTIR (PrimFuncs unscheduled)."""
-    return fuse_module(tvm_te.to_relax(graph, dtype=dtype, with_updates=with_updates), target)
+def fuse(graph: Graph, dtype="float32", target=None, with_updates=False, plan=None):
+    """Relax module after FuseTIR (PrimFuncs unscheduled); ``plan``: tvm_te.precision_plan."""
+    return fuse_module(tvm_te.to_relax(graph, dtype=dtype, with_updates=with_updates, plan=plan), target)
 
 
 def fuse_module(mod, target=None):
@@ -104,16 +105,17 @@ def _shape_dtype(ty):
     return tuple(int(s) for s in ty.shape.values), str(ty.dtype)
 
 
-def extract_steps(mod, graph: Graph, dtype="float32", with_updates=False, params=None):
+def extract_steps(mod, graph: Graph, dtype="float32", with_updates=False, params=None, plan=None):
     """Steps of Relax ``main`` as data: values {name: {shape, dtype, kind}} and steps
     [{func, args: [value names, inputs then outputs]}], plus the output value names. ``params``
     {name: (shape, dtype)} in ``main``'s parameter order replaces the graph's runtime arguments
-    (the int8 path, whose rules add constants)."""
+    (the int8 path, whose rules add constants); ``plan`` (tvm_te.precision_plan) their storage
+    dtypes, default every float32 value in ``dtype``."""
     from tvm import relax
     main = mod["main"]
     if params is None:
-        params = {n: (list(graph.types[n].shape), tvm_te.storage_dtype(graph.types[n], dtype))
-                  for n in tvm_te.runtime_args(graph)}
+        plan = plan or tvm_te.precision_plan(graph, dtype)
+        params = {n: (list(graph.types[n].shape), plan.storage[n]) for n in tvm_te.runtime_args(graph)}
     values, steps, var_name = {}, [], {}
     for p, (n, (shape, dt)) in zip(main.params, params.items()):
         kind = "input" if n in graph.inputs else "weight"
@@ -391,11 +393,14 @@ class CudaState:
     graph: Graph                         # float graph, dropout externalised (masks: host inputs)
     out_dir: str
     arch: str = "sm_90"
-    dtype: str = "float32"               # storage dtype of float32 values
+    dtype: str = "float32"               # the half dtype of the package (float32: none)
     with_updates: bool = False           # buffer updates of a train-mode graph become outputs
     params: dict | None = None           # parameter values replacing the graph's in the blob
     user_inputs: list = dataclasses.field(default_factory=list)   # the graph's inputs before the masks
     masks: list = dataclasses.field(default_factory=list)         # tvm_te.externalize_dropout's masks
+    precision: str = "uniform"           # storage policy (tvm_te.PRECISIONS)
+    loss_scale: float = 1.0              # applied to the graph before the pipeline (tvm_te.apply_loss_scale)
+    storage: tvm_te.PrecisionPlan | None = None   # relax: each value's storage and compute dtype
     target: object = None                # relax: the TVM target
     mod: object = None                   # relax: the fused Relax module
     values: dict = dataclasses.field(default_factory=dict)   # steps: {name: {shape, dtype, kind}}
@@ -429,13 +434,14 @@ class CudaState:
 def relax(st: CudaState):
     """Needs: the input. The graph as a fused Relax module for the GPU target."""
     st.target = gpu_target(st.arch)
-    st.mod = fuse(st.graph, st.dtype, st.target, st.with_updates)
+    st.storage = tvm_te.precision_plan(st.graph, st.dtype, st.precision, st.loss_scale)
+    st.mod = fuse(st.graph, st.dtype, st.target, st.with_updates, st.storage)
 
 
 def steps(st: CudaState):
     """Needs: relax. The steps of Relax ``main`` and their PrimFuncs."""
     import tvm
-    st.values, st.steps, st.outs = extract_steps(st.mod, st.graph, st.dtype, st.with_updates)
+    st.values, st.steps, st.outs = extract_steps(st.mod, st.graph, st.dtype, st.with_updates, plan=st.storage)
     st.tir_mod = tvm.IRModule({gv: f for gv, f in st.mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)})
 
 
@@ -520,7 +526,8 @@ def _manifest(st: CudaState, arena, launches, tvm_version) -> Manifest:
             if kind is None else Tensor(name, values[v]["shape"], values[v]["dtype"], a.bytes, a.offset, kind=kind)
     return Manifest(
         format=FORMAT, target="cuda", arch=st.arch, dtype=st.dtype, model=g.name,
-        signature=tvm_te.graph_signature(g, st.dtype, extra={"target": "cuda", "arch": st.arch}),
+        signature=tvm_te.graph_signature(g, st.dtype, extra={"target": "cuda", "arch": st.arch, **(
+            {"precision": st.precision} if st.dtype != "float32" else {})}),
         tvm=tvm_version, sources=["kernels.cu"], arena_bytes=arena, alignment=ALIGN, weights_file="weights.bin",
         weights_bytes=len(st.blob), user_inputs=st.user_inputs, dropout_masks=st.masks,
         inputs=[placed(i, i, kind=values[i]["kind"]) for i in g.inputs],
@@ -531,7 +538,21 @@ def _manifest(st: CudaState, arena, launches, tvm_version) -> Manifest:
         buffers=[ArenaBuffer(b.name, b.size, b.first, b.last, st.plan.offsets[b.name], values[b.name]["kind"])
                  for b in st.buffers],
         kernels=sorted({L.kernel for L in launches}), steps=st.plan_steps, launches=len(launches),
-        build_seconds=round(time.time() - st.t0, 2))
+        build_seconds=round(time.time() - st.t0, 2), extra=_precision_entry(st))
+
+
+def _precision_entry(st: CudaState):
+    """The manifest's ``precision`` (float packages): the storage policy, its loss scale, each
+    graph value's storage dtype, and the arena bytes by dtype."""
+    if st.storage is None or st.dtype == "float32":
+        return {}
+    d = st.storage.summary()
+    by = {}
+    for b in st.buffers:
+        dt = st.values[b.name]["dtype"]
+        by[dt] = by.get(dt, 0) + b.size
+    d["buffer_bytes_by_dtype"] = dict(sorted(by.items()))
+    return {"precision": d}
 
 
 def compile_check(st: CudaState):
@@ -576,9 +597,14 @@ def steps_int8(st: CudaState):
 PIPELINE_INT8 = [relax_int8, steps_int8] + PIPELINE[2:]
 
 
-def compile(graph: Graph, out_dir, arch="sm_90", dtype="float32", with_updates=False, params=None, check=None):
+def compile(graph: Graph, out_dir, arch="sm_90", dtype="float32", with_updates=False, params=None, check=None,
+            precision=None, loss_scale=None):
     """Write a CUDA package for a float Kiln graph to ``out_dir``; returns ``out_dir``.
-    ``dtype`` is the storage dtype of float32 values (float16/bfloat16 accumulate in float32).
+    ``dtype`` is the package's half-precision dtype (float16/bfloat16 accumulate in float32) or
+    float32. ``precision`` (tvm_te.PRECISIONS) is the storage policy of a half package: "uniform"
+    stores every float value in ``dtype`` (default for inference graphs), "mixed" is automatic
+    mixed precision (default for training steps, kiln.grad graphs). ``loss_scale``: the backward's
+    scale under "mixed" (default tvm_te.LOSS_SCALE: 4096 for float16, none for bfloat16).
     ``check``: compile the package with NVRTC and ptxas for ``arch`` (backends/nvrtc.py) and fail
     on a kernel over a GPU limit; None checks when NVRTC is installed."""
     if cuda_int8.is_quantised(graph):
@@ -586,10 +612,19 @@ def compile(graph: Graph, out_dir, arch="sm_90", dtype="float32", with_updates=F
     if dtype not in DTYPES:
         raise KilnError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     graph.validate()
+    precision = precision or ("mixed" if "grad" in graph.meta else "uniform")
+    if precision not in tvm_te.PRECISIONS:
+        raise KilnError(f"precision must be one of {tvm_te.PRECISIONS}, got {precision!r}")
+    if loss_scale is None:
+        loss_scale = tvm_te.LOSS_SCALE[dtype] if precision == "mixed" else 1.0
+    if dtype == "float32":      # nothing to choose: every value is float32
+        precision, loss_scale = "uniform", 1.0
     user_inputs = list(graph.inputs)
     graph, masks = tvm_te.externalize_dropout(graph)
+    graph = tvm_te.apply_loss_scale(graph, loss_scale)
     tvm_te.check_lowerable(graph, f"cuda ({arch})")
-    st = CudaState(graph, out_dir, arch, dtype, with_updates, params, user_inputs, masks, nvrtc=check)
+    st = CudaState(graph, out_dir, arch, dtype, with_updates, params, user_inputs, masks, nvrtc=check,
+                   precision=precision, loss_scale=float(graph.meta.get("loss_scale", 1.0)))
     for p in PIPELINE:
         p(st)
     return out_dir
@@ -613,10 +648,14 @@ def _compile_int8(graph: Graph, out_dir, arch, dtype, with_updates, params, chec
     return out_dir
 
 
-def compile_train_step(step_graph: Graph, out_dir, arch="sm_90", dtype="float32", check=None):
+def compile_train_step(step_graph: Graph, out_dir, arch="sm_90", dtype="float32", check=None,
+                       precision="mixed", loss_scale=None):
     """Package for a training-step graph (autodiff.grad output: forward + loss + backward); the
     buffer updates of train-mode BatchNorm, when the graph has them, become extra outputs listed
-    under ``updates`` in the manifest. The optimiser update runs on the host (or as a second graph)."""
+    under ``updates`` in the manifest. The optimiser update runs on the host (or as a second graph).
+    float16/bfloat16 steps use automatic mixed precision (``precision="mixed"``, see ``compile``);
+    ``precision="uniform"`` stores every value in ``dtype``."""
     if "grad" not in step_graph.meta:
         raise KilnError(f"graph {step_graph.name!r} is not a gradient graph (make it with kiln.grad)")
-    return compile(step_graph, out_dir, arch=arch, dtype=dtype, with_updates=bool(step_graph.updates), check=check)
+    return compile(step_graph, out_dir, arch=arch, dtype=dtype, with_updates=bool(step_graph.updates), check=check,
+                   precision=precision, loss_scale=loss_scale)

@@ -155,6 +155,7 @@ def interpret_plan(pkg, inputs, params=None, poison=True):
     in plan order. The arena starts filled with NaN bytes (``poison``) so a step that reads a
     buffer nobody wrote, or one clobbered by a wrongly shared slot, shows up as NaN. Returns the
     outputs as float32/NumPy arrays."""
+    import ml_dtypes  # TVM's own dependency: its bfloat16 arrays
     import tvm  # TVM: builds each step for the CPU
 
     from . import cuda_dp4a  # noqa: F401  (registers kiln.dp4a, which int8 steps call)
@@ -169,14 +170,19 @@ def interpret_plan(pkg, inputs, params=None, poison=True):
         raw = space[a.space][a.offset:a.offset + a.bytes]
         return raw.view(np.uint16 if dtype == "bfloat16" else np.dtype(dtype)).reshape(shape)
     for st in m.steps:
-        args = []
+        args, copies = [], []
         for a, p in zip(st.args, tir_mod[st.func].params):
             b = p.ty if hasattr(p, "ty") else None
             shape = [int(s) for s in b.shape] if b is not None and hasattr(b, "shape") else None
             dtype = str(b.dtype) if b is not None and hasattr(b, "dtype") else "float32"
-            args.append(tvm.runtime.from_dlpack(view(a, shape, dtype)) if dtype != "bfloat16" else
-                        tvm.runtime.tensor(view(a, shape, dtype)))
+            if dtype == "bfloat16":   # DLPack has no bfloat16: a copy in TVM's bfloat16, copied back after
+                args.append(tvm.runtime.tensor(view(a, shape, dtype).view(ml_dtypes.bfloat16)))
+                copies.append((args[-1], view(a, shape, dtype)))
+            else:
+                args.append(tvm.runtime.from_dlpack(view(a, shape, dtype)))
         funcs[st.func](*args)
+        for t, raw in copies:
+            raw[...] = t.numpy().view(np.uint16)
     outs = []
     for o in m.outputs:
         raw = space[o.space][o.offset:o.offset + o.bytes].tobytes()
