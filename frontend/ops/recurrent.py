@@ -86,7 +86,9 @@ def _lstm_ref(xs, a):
 register("lstm", attrs=LSTM_ATTRS, infer=_lstm_infer, ref=_lstm_ref, props={LINEAR, QUANTIZABLE},
          arity=len(LSTM_INPUTS),
          doc="one-layer unidirectional LSTM over a sequence (TFLite UNIDIRECTIONAL_SEQUENCE_LSTM): "
-             "inputs x, 4 input and 4 recurrent gate weights (i, f, c, o), 4 biases, h0, c0")
+             "inputs x, 4 input and 4 recurrent gate weights (i, f, c, o), 4 biases, h0, c0; output='cell' "
+             "gives the final cell state instead (a stateful LSTM's next c0: h0 and c0 persist between runs "
+             "as graph states, TFLite's variable tensors)")
 
 
 @defrule("lstm", "macs")

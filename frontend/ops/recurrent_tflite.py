@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
+from ..lstm_state import carry_state, state_nodes
 from ..types import QParams, TensorType
 from . import tflite_util as tfl
 from .int16util import symmetric16
-from ..lstm_state import carry_state, state_nodes
 
 NAME = "UNIDIRECTIONAL_SEQUENCE_LSTM"
 # TFLite input position of each Kiln lstm input (after x): weights, recurrent weights, biases, states
