@@ -21,7 +21,7 @@ from kiln.boards.fake import FakeBoard
 from kiln.boards.target import open_device
 from kiln.boards.timing import CLASSES, estimate
 from kiln.firmware.sizes import image_flash_split
-from kiln.frontend import load, load_model, run, save
+from kiln.frontend import load, load_model, save
 from kiln.frontend.errors import KilnError
 from kiln.frontend.executor import run_stateful
 from kiln.frontend.files import staged_dir
