@@ -53,7 +53,7 @@ def lstm_dims(shapes, time_major, where="lstm"):
 
 def _lstm_infer(ts, a):
     N, T, I, H = lstm_dims([t.shape for t in ts], a["time_major"])
-    if a["output"] == "cell":
+    if a.get("output") == "cell":
         return tt((N, H), ts[14].dtype)
     shape = (T, N, H) if a["time_major"] else (N, T, H)
     return tt(shape, ts[0].dtype)
@@ -78,7 +78,7 @@ def _lstm_ref(xs, a):
         c = _clip(f * c + i * np.tanh(pre[2]), a["cell_clip"])
         h = o * np.tanh(c)
         out[:, t] = h
-    if a["output"] == "cell":
+    if a.get("output") == "cell":
         return np.asarray(c, x.dtype)
     return np.swapaxes(out, 0, 1).copy() if a["time_major"] else out
 
