@@ -156,7 +156,8 @@ def _keep_stages(sch, out_block):
 
 @int16_first("lstm", claims=lambda t0, ty: ty.quant is not None and ty.dtype in ("int8", "int16"), hints=False)
 def lower_lstm_16x8(k, node, xs):
-    ty = k.type(node.name)
+    cell = node.attrs.get("output") == "cell"    # the final cell state (a stateful LSTM's next c0)
+    ty = k.type(node.inputs[13]) if cell else k.type(node.name)
     arrays = [k.value(v) for v in node.inputs]
     if any(arrays[j] is None for j in range(1, 13)):
         k.fail("the quantised LSTM needs constant weights and biases")
@@ -198,6 +199,8 @@ def lower_lstm_16x8(k, node, xs):
     for t in range(Tn):
         h, cst = _step(P, fx, h, cst, wh, t)
         hs.append(h)
+    if cell:
+        return te.compute(tuple(int(v) for v in cst.shape), lambda n, j: cst[n, j], name="lstm16_c")
 
     def gather(*i):
         n, t, j = (i[1], i[0], i[2]) if tm else i

@@ -9,7 +9,8 @@ import threading
 
 import numpy as np
 
-from .errors import TraceError
+from .errors import ShapeError, TraceError
+from .lstm_state import carry_state
 from .tensor import Tensor, as_tensor, constant, current_graph, user_location  # noqa: F401
 
 
@@ -351,14 +352,29 @@ def add_n(xs):
     return emit("add_n", list(xs))
 
 # ---- recurrent (frontend/ops/recurrent.py) --------------------------------------------------
-def lstm(x, w_x, w_h, b, h0, c0, time_major=False, cell_clip=0.0):
+def lstm(x, w_x, w_h, b, h0, c0, time_major=False, cell_clip=0.0, stateful=False):
     """One-layer LSTM over a sequence (TFLite's UNIDIRECTIONAL_SEQUENCE_LSTM). ``w_x``, ``w_h``,
     ``b``: the input weights [H, I], recurrent weights [H, H] and biases [H] of the gates, each a
     list in the order input, forget, cell, output; ``h0``, ``c0`` [N, H]. Returns every step's
-    hidden state, [N, T, H] ([T, N, H] when ``time_major``)."""
+    hidden state, [N, T, H] ([T, N, H] when ``time_major``). ``stateful``: ``h0`` and ``c0``
+    (arrays: their reset values) become graph states (``graph.states``) that each run leaves at its
+    last step's hidden and cell state for the next run (a streaming LSTM, TFLite's variable
+    tensors); call it inside kiln.trace."""
     if not (len(w_x) == len(w_h) == len(b) == 4):
         raise TraceError("lstm: w_x, w_h and b are lists of the 4 gates' tensors (input, forget, cell, output)")
-    return emit("lstm", [x, *w_x, *w_h, *b, h0, c0], time_major=bool(time_major), cell_clip=float(cell_clip))
+    if not stateful:
+        return emit("lstm", [x, *w_x, *w_h, *b, h0, c0], time_major=bool(time_major), cell_clip=float(cell_clip))
+    g = _graph_of([x])
+    if g is None or not all(isinstance(v, np.ndarray) for v in (h0, c0)):
+        raise TraceError("lstm(stateful=True): a stateful op; call it inside kiln.trace with h0 and c0 as arrays "
+                         "(the states' reset values)")
+    hs = [Tensor(g, g.add_const(g.fresh(s), np.asarray(v, np.float32))) for s, v in (("lstm_h", h0), ("lstm_c", c0))]
+    y = emit("lstm", [x, *w_x, *w_h, *b, *hs], time_major=bool(time_major), cell_clip=float(cell_clip))
+    try:
+        carry_state(g, y.name)
+    except ShapeError as e:
+        raise TraceError(f"lstm(stateful=True): {e}") from None
+    return y
 
 
 def l2_pool2d(x, pool=2, stride=None, padding="valid", activation="none"):

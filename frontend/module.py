@@ -476,16 +476,23 @@ class LSTM(Module):
     UNIDIRECTIONAL_SEQUENCE_LSTM); its gradient is backpropagation through time. Parameters per
     gate in PyTorch's order (input, forget, cell, output): ``weight_ih.k`` [H, I], ``weight_hh.k``
     [H, H], ``bias.k`` [H] (PyTorch's ``b_ih + b_hh``). ``load_torch(torch_lstm)`` copies a
-    one-layer unidirectional ``torch.nn.LSTM(batch_first=True)``."""
+    one-layer unidirectional ``torch.nn.LSTM(batch_first=True)``. ``stateful=True``: a streaming
+    LSTM whose hidden and cell states persist from one run to the next (graph states, reset by
+    ``reset_state()``; TFLite's variable tensors), each run a window of T steps."""
 
-    def __init__(self, input_size, hidden_size, cell_clip=0.0):
+    def __init__(self, input_size, hidden_size, cell_clip=0.0, stateful=False):
         bound = 1.0 / math.sqrt(hidden_size)
         self.weight_ih = [Parameter(_uniform((hidden_size, input_size), bound)) for _ in range(4)]
         self.weight_hh = [Parameter(_uniform((hidden_size, hidden_size), bound)) for _ in range(4)]
         self.bias = [Parameter(_uniform((hidden_size,), bound)) for _ in range(4)]
         self.input_size, self.hidden_size, self.cell_clip = input_size, hidden_size, cell_clip
+        self.stateful = bool(stateful)
 
     def forward(self, x):
+        if self.stateful:
+            h0, c0 = (np.zeros((x.shape[0], self.hidden_size), np.float32) for _ in range(2))
+            return F.lstm(x, self.weight_ih, self.weight_hh, self.bias, h0, c0, cell_clip=self.cell_clip,
+                          stateful=True)
         zeros = F.constant(np.zeros((x.shape[0], self.hidden_size), np.float32))
         return F.lstm(x, self.weight_ih, self.weight_hh, self.bias, zeros, zeros, cell_clip=self.cell_clip)
 
@@ -503,7 +510,7 @@ class LSTM(Module):
         return self
 
     def extra_repr(self):
-        return f"{self.input_size}, {self.hidden_size}"
+        return f"{self.input_size}, {self.hidden_size}" + (", stateful=True" if self.stateful else "")
 
 
 class GRU(Module):

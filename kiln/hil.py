@@ -21,8 +21,9 @@ from kiln.boards.fake import FakeBoard
 from kiln.boards.target import open_device
 from kiln.boards.timing import CLASSES, estimate
 from kiln.firmware.sizes import image_flash_split
-from kiln.frontend import load, load_model, run, save
+from kiln.frontend import load, load_model, save
 from kiln.frontend.errors import KilnError
+from kiln.frontend.executor import run_stateful
 from kiln.frontend.files import staged_dir
 
 
@@ -294,16 +295,17 @@ def attach_estimates(run, image):
 
 def reference_outputs(graph, inputs):
     """int8 (or float) reference executor outputs, one per sample (an array, or a list of
-    arrays for a model with several outputs); a sample is as for :func:`run_on_board`."""
+    arrays for a model with several outputs); a sample is as for :func:`run_on_board`. A stateful
+    graph's samples are one stream from the reset state, as on a board."""
     types = [graph.types[n] for n in graph.inputs]
-    res = []
+    res, state = [], {}
     for k, sample in enumerate(inputs):
         if len(types) == 1 and not (isinstance(sample, (list, tuple)) and len(sample) == 1
                                     and isinstance(sample[0], np.ndarray)):
             sample = [sample]
         if len(sample) != len(types):
             raise KilnError(f"sample {k}: the model takes {len(types)} inputs, got {len(sample)}")
-        outs = run(graph, *[np.asarray(x).reshape(t.shape) for x, t in zip(sample, types)])
+        outs = run_stateful(graph, state, *[np.asarray(x).reshape(t.shape) for x, t in zip(sample, types)])
         res.append(outs[0] if len(outs) == 1 else list(outs))
     return res
 

@@ -134,20 +134,21 @@ def observe(graph, data, batch_size=64, seed=0):
     for i in range(0, len(arrays[0]) - (len(arrays[0]) % batch_size if graph.states else 0), batch_size):
         xs = [a[i:i + batch_size].astype(graph.types[name].dtype, copy=False) for a, name in zip(arrays, graph.inputs)]
         g = cache.get(len(xs[0])) or cache.setdefault(len(xs[0]), with_batch(graph, len(xs[0])))
+        prev = state
         _, kept = run(g, *xs, keep=nodes + list(g.states.values()), params=state)
         state = {s: kept[v] for s, v in g.states.items()}
         for name, x in zip(graph.inputs, xs):
             obs[name].update(x)
         for n in nodes:
             obs[n].update(kept[n])
-        _observe_internal(g, xs, kept, obs, rng)
+        _observe_internal(g, xs, kept, obs, rng, prev)
     return obs
 
 
-def _observe_internal(g, xs, kept, obs, rng):
+def _observe_internal(g, xs, kept, obs, rng, state=None):
     """Internal values an op's Quant rule asks for (``observe``: the lstm's cell state), as
-    obs["<node>:<tag>"]."""
-    env = {**g.consts, **g.params, **dict(zip(g.inputs, xs)), **kept}
+    obs["<node>:<tag>"]; ``state``: the graph states this run started from (a stream's)."""
+    env = {**g.consts, **(state or {}), **g.params, **dict(zip(g.inputs, xs)), **kept}
     for n in g.nodes:
         rule = get_op(n.op).quant
         if rule is not None and rule.observe is not None:

@@ -3,7 +3,9 @@
 Inputs (15): ``x`` [N, T, I] (``time_major``: [T, N, I]); the input weights of the input, forget,
 cell and output gates ``w_xi, w_xf, w_xc, w_xo`` [H, I]; the recurrent weights ``w_hi, w_hf,
 w_hc, w_ho`` [H, H]; the gate biases ``b_i, b_f, b_c, b_o`` [H]; the initial output state ``h0``
-and cell state ``c0`` [N, H]. Output: every step's hidden state, [N, T, H] ([T, N, H] time major).
+and cell state ``c0`` [N, H]. Output: every step's hidden state, [N, T, H] ([T, N, H] time major);
+with ``output="cell"`` the final cell state [N, H] instead (c0's type: int16 in a quantised
+LSTM), the value a stateful LSTM carries to its next run (``graph.states``, recurrent_tflite.py).
 Per step (TFLite's ``lstm_eval.cc``)::
 
     i = sigmoid(x W_xi^T + h W_hi^T + b_i)    f, o likewise,   g = act(x W_xc^T + h W_hc^T + b_c)
@@ -30,7 +32,7 @@ GATES = ("i", "f", "c", "o")
 LSTM_INPUTS = (["x"] + [f"w_x{g}" for g in GATES] + [f"w_h{g}" for g in GATES] + [f"b_{g}" for g in GATES]
                + ["h0", "c0"])
 LSTM_ATTRS = {"time_major": Attr("bool", False), "cell_clip": Attr("float", 0.0),
-              "activation": Attr("str", "tanh", ("tanh",))}
+              "activation": Attr("str", "tanh", ("tanh",)), "output": Attr("str", "sequence", ("sequence", "cell"))}
 
 
 def lstm_dims(shapes, time_major, where="lstm"):
@@ -51,6 +53,8 @@ def lstm_dims(shapes, time_major, where="lstm"):
 
 def _lstm_infer(ts, a):
     N, T, I, H = lstm_dims([t.shape for t in ts], a["time_major"])
+    if a.get("output") == "cell":
+        return tt((N, H), ts[14].dtype)
     shape = (T, N, H) if a["time_major"] else (N, T, H)
     return tt(shape, ts[0].dtype)
 
@@ -74,13 +78,17 @@ def _lstm_ref(xs, a):
         c = _clip(f * c + i * np.tanh(pre[2]), a["cell_clip"])
         h = o * np.tanh(c)
         out[:, t] = h
+    if a.get("output") == "cell":
+        return np.asarray(c, x.dtype)
     return np.swapaxes(out, 0, 1).copy() if a["time_major"] else out
 
 
 register("lstm", attrs=LSTM_ATTRS, infer=_lstm_infer, ref=_lstm_ref, props={LINEAR, QUANTIZABLE},
          arity=len(LSTM_INPUTS),
          doc="one-layer unidirectional LSTM over a sequence (TFLite UNIDIRECTIONAL_SEQUENCE_LSTM): "
-             "inputs x, 4 input and 4 recurrent gate weights (i, f, c, o), 4 biases, h0, c0")
+             "inputs x, 4 input and 4 recurrent gate weights (i, f, c, o), 4 biases, h0, c0; output='cell' "
+             "gives the final cell state instead (a stateful LSTM's next c0: h0 and c0 persist between runs "
+             "as graph states, TFLite's variable tensors)")
 
 
 @defrule("lstm", "macs")
@@ -146,10 +154,13 @@ def _lstm_vjp(n, xs, y, gy):
     gb = [None] * 4
     gxs = [None] * len(steps)
     dh, dc = None, None
+    if a.get("output") == "cell":              # the final cell state only: the gradient enters at c_T
+        dh, dc = F.mul(gy, 0.0), gy
     for t in range(len(steps) - 1, -1, -1):
         s = steps[t]
-        g_t = _step_gy(gy, t, a["time_major"])
-        dh = g_t if dh is None else F.add(dh, g_t)
+        if a.get("output") != "cell":
+            g_t = _step_gy(gy, t, a["time_major"])
+            dh = g_t if dh is None else F.add(dh, g_t)
         da, dc = _gate_grads(s, dh, dc if dc is not None else F.mul(g_t, 0.0), a["cell_clip"])
         xt, h = s[0], s[1]
         dx = dhp = None
@@ -220,6 +231,8 @@ def _lstm_te(T, xs, a, out):
     for t in range(Tn):
         h, c = _te_step(T, xp, b, h, c, wh, t, a["cell_clip"], str(x.dtype))
         hs.append(h)
+    if a.get("output") == "cell":
+        return c
 
     def gather(*i):
         n, t, j = (i[1], i[0], i[2]) if tm else i

@@ -142,7 +142,8 @@ def step_16x8(p, xt, h, c, wx, wh, b):
 
 
 def lstm_16x8(xs, attrs, in_types, out_type):
-    p = lstm_16x8_params(in_types, out_type, attrs["cell_clip"])
+    cell = attrs.get("output") == "cell"        # the final cell state (a stateful LSTM's next c0)
+    p = lstm_16x8_params(in_types, in_types[13] if cell else out_type, attrs["cell_clip"])
     x = xs[0].astype(np.int64)
     xb = np.swapaxes(x, 0, 1) if attrs["time_major"] else x
     wx, wh = xs[1:5], xs[5:9]
@@ -152,6 +153,8 @@ def lstm_16x8(xs, attrs, in_types, out_type):
     for t in range(xb.shape[1]):
         h, c = step_16x8(p, xb[:, t], h, c, wx, wh, b)
         out[:, t] = h
+    if cell:
+        return c.astype(INT16)
     out = np.swapaxes(out, 0, 1) if attrs["time_major"] else out
     return np.ascontiguousarray(out).astype(p["dtype"])
 

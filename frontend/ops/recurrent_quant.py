@@ -37,12 +37,15 @@ def _cells(xs, a):
     """Every step's cell state of the float LSTM (the reference's recurrence)."""
     x, wx, wh, b, h, c = xs[0], xs[1:5], xs[5:9], xs[9:13], xs[13], xs[14]
     xb = np.swapaxes(x, 0, 1) if a["time_major"] else x
-    cs = []
+    cs, hs = [], []
     for t in range(xb.shape[1]):
         pre = [xb[:, t] @ wx[k].T + h @ wh[k].T + b[k] for k in range(4)]
         c = _clip(_sigmoid(pre[1]) * c + _sigmoid(pre[0]) * np.tanh(pre[2]), a["cell_clip"])
         h = _sigmoid(pre[3]) * np.tanh(c)
         cs.append(c)
+        hs.append(h)
+    if a.get("output") == "cell":          # a stateful LSTM's final-cell node: its h range, for h0's scale
+        return {"cell": np.stack(cs), "hidden": np.stack(hs)}
     return {"cell": np.stack(cs)}
 
 
@@ -57,6 +60,14 @@ def _const(conv, name, data, qp):
     return conv.q.add_const(conv.q.fresh(name), data, qp)
 
 
+def _shared(conv, key, make):
+    """One quantised constant per float input and role: a stateful LSTM's two nodes (sequence and
+    final cell) read the same tensors, as the one TFLite operator they export as."""
+    if (key, "lstm") not in conv.env:
+        conv.env[(key, "lstm")] = make()
+    return conv.env[(key, "lstm")]
+
+
 def _lstm_convert(conv, n, dt):
     if dt not in ("int8", "int16"):
         raise QuantizationError(f"node {n.name!r}: lstm quantises to int8 (TFLite's int8 LSTM) or int16 "
@@ -68,9 +79,11 @@ def _lstm_convert(conv, n, dt):
                                 f"parameters; {missing[0]!r} is computed")
     x = conv.operand(n.inputs[0], dt)
     s_x = conv.q.types[x].quant.scale[0]
-    if n.name not in conv.ranges or f"{n.name}:cell" not in conv.ranges:
+    cell = n.attrs.get("output") == "cell"
+    hkey = f"{n.name}:hidden" if cell else n.name
+    if hkey not in conv.ranges or f"{n.name}:cell" not in conv.ranges:
         raise QuantizationError(f"node {n.name!r}: no calibration range for the lstm output or its cell state")
-    m = max(abs(v) for v in conv.ranges[n.name])
+    m = max(abs(v) for v in conv.ranges[hkey])
     hq = qparams_from_range(-m, m) if dt == "int8" else qparams16_from_range(-m, m)
     cq = cell_qparams(*conv.ranges[f"{n.name}:cell"])
     ins = [x]
@@ -78,18 +91,36 @@ def _lstm_convert(conv, n, dt):
     for v in n.inputs[1:9]:
         wq, wqp = quantize_weights(tensors[v], per_channel=False)
         scales.append(wqp.scale[0])
-        ins.append(_const(conv, f"{v}_int8", wq, wqp))
+        ins.append(_shared(conv, (v, "int8"), lambda: _const(conv, f"{v}_int8", wq, wqp)))
     bdt, blim = ("int32", 1 << 31) if dt == "int8" else ("int64", 1 << 40)
     for k, v in enumerate(n.inputs[9:13]):
         bs = float(np.float32(np.float32(s_x) * np.float32(scales[k])))
         bq = np.clip(np.round(np.asarray(tensors[v], np.float64) / bs), -blim, blim - 1).astype(bdt)
-        ins.append(_const(conv, f"{v}_{bdt}_{GATES[k]}", bq, QParams((bs,), (0,))))
+        ins.append(_shared(conv, (v, bdt, k, bs), lambda: _const(conv, f"{v}_{bdt}_{GATES[k]}", bq,
+                                                                  QParams((bs,), (0,)))))
     for v, qp, sdt in ((n.inputs[13], hq, dt), (n.inputs[14], cq, "int16")):
-        s, z = qp.scale[0], qp.zero_point[0]
-        info = np.iinfo(sdt)
-        data = np.clip(np.round(np.asarray(tensors[v], np.float64) / s) + z, info.min, info.max).astype(sdt)
-        ins.append(_const(conv, f"{v}_{sdt}", data, qp))
-    return ins, hq
+        ins.append(_state(conv, n, v, qp, sdt))
+    return (ins, cq, "int16") if cell else (ins, hq)
+
+
+def _state(conv, n, v, qp, sdt):
+    """The quantised initial state v; a graph state (a stateful LSTM) once for the LSTM's two nodes
+    (sequence and final cell), kept a state of the quantised graph."""
+    s, z = qp.scale[0], qp.zero_point[0]
+    info = np.iinfo(sdt)
+    data = np.clip(np.round(np.asarray(conv.tensors[v], np.float64) / s) + z, info.min, info.max).astype(sdt)
+    if v not in conv.g.states:
+        return _const(conv, f"{v}_{sdt}", data, qp)
+    key = (v, "lstm_state")
+    if key in conv.env:
+        have = conv.q.types[conv.env[key]]
+        if (have.dtype, have.quant) != (sdt, qp):
+            raise QuantizationError(f"node {n.name!r}: the lstm state {v!r} is quantised as {have} by another node "
+                                    f"and as {sdt} {qp} here; quantise a stateful LSTM's nodes alike")
+        return conv.env[key]
+    conv.env[key] = name = _const(conv, f"{v}_{sdt}", data, qp)
+    conv.q.states[name] = conv.g.states[v]
+    return name
 
 
 get_op("lstm").quant = Quant(convert=_lstm_convert, observe=_cells)

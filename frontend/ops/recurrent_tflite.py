@@ -5,8 +5,11 @@ UNIDIRECTIONAL_SEQUENCE_LSTM has 24 inputs (20 in old files): 0 input, 1-4 input
 16-17 projection weights and bias, 18 the output state and 19 the cell state (variable tensors:
 a fresh interpreter starts them at zero), 20-23 layer-norm coefficients. Kiln imports the LSTM
 TensorFlow's converter writes for a Keras ``LSTM`` layer (no peephole, projection, layer norm or
-CIFG); the state tensors become zero constants (one inference from the zero state, as LiteRT
-after ``allocate_tensors``). int8 models (int8 activations, int16 cell state) carry five intermediates; the
+CIFG). The state tensors become constants holding their reset value (zero; an int8 output
+state's zero point). Variable state tensors (what converters write) persist between invocations
+in LiteRT and TFLite Micro, so they become graph states updated with the last step's hidden and
+cell state (``recurrent.carry_state``); export writes such an LSTM back as one operator with its
+variable tensors. int8 models (int8 activations, int16 cell state) carry five intermediates; the
 fifth holds the hidden state's quantisation, which must be the output's.
 """
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShapeError
+from ..lstm_state import carry_state, state_nodes
 from ..types import QParams, TensorType
 from . import tflite_util as tfl
 from .int16util import symmetric16
@@ -58,18 +62,23 @@ def _check_inputs(imp, k, ins):
 
 
 def _state(imp, k, i, n_elems, shape):
-    """A variable state tensor as a zero constant (its zero point for quantised states)."""
+    """A state tensor as a constant holding its reset value (zeros; the zero point of an int8
+    state, as TFLite Micro's ResetVariableTensors); (name, is it a variable tensor)."""
     t = imp.tensors[i]
     w = tfl.where(k, NAME)
     if int(np.prod(t["shape"])) != n_elems:
         raise imp.err(f"{w}: state {imp.label(i)} has shape {list(t['shape'])}; expected {n_elems} elements")
     zp = t["quant"].zero_point[0] if t["quant"] is not None else 0
     if t["data"] is not None and np.any(np.asarray(t["data"]) != zp):
-        raise imp.err(f"{w}: state {imp.label(i)} holds nonzero initial data; Kiln imports LSTMs whose states "
-                      f"start at zero")
+        raise imp.err(f"{w}: state {imp.label(i)} holds nonzero initial data; TFLite resets variable tensors to "
+                      f"zero, so Kiln imports LSTM states that start there")
+    if t.get("variable") and i in imp.values:
+        raise imp.err(f"{w}: the state {imp.label(i)} is shared with another operator; each LSTM needs its own")
     name = imp._vname(t["name"])
     imp.g.add_const(name, np.full(shape, zp, t["dtype"]), t["quant"])
-    return name
+    if t.get("variable"):
+        imp.values[i] = name
+    return name, bool(t.get("variable"))
 
 
 def _dtypes(imp, k, ins, x_dtype):
@@ -115,28 +124,50 @@ def _tfl_lstm(imp, k, op, ins, out):
     n = xt["shape"][1] if attrs["time_major"] else xt["shape"][0]
     H = imp.tensors[ins[2]]["shape"][0] if len(imp.tensors[ins[2]]["shape"]) == 2 else 0
     inputs = [x] + [imp.value(ins[j], k, NAME) for j in _POS[:12]]
-    inputs += [_state(imp, k, ins[18], n * H, (n, H)), _state(imp, k, ins[19], n * H, (n, H))]
+    (h0, hv), (c0, cv) = _state(imp, k, ins[18], n * H, (n, H)), _state(imp, k, ins[19], n * H, (n, H))
+    inputs += [h0, c0]
     if xt["dtype"] == "int8":
         _hidden_quant(imp, k, op, out)
     try:
-        imp.values[out] = imp.emit(k, NAME, "lstm", inputs, attrs, out)
+        imp.values[out] = y = imp.emit(k, NAME, "lstm", inputs, attrs, out)
+        if hv and cv:           # variable tensors: TFLite carries them from one invocation to the next
+            carry_state(imp.g, y, imp._vname(f"{h0}_next"), imp._vname(f"{c0}_next"))
     except ShapeError as e:
         raise imp.err(f"{w}: {e}") from None
 
 
 # ---- export -------------------------------------------------------------------------------------
-def _zero_state(e, n, v):
-    """The variable state tensor for Kiln input v (a zero constant): no buffer, is_variable set."""
+def _zero_state(e, n, v, state):
+    """The variable state tensor for Kiln input v (a zero constant, or a graph state whose reset
+    value is zero): no buffer, is_variable set."""
     g = e.g
     data = g.consts.get(v, g.params.get(v))
     t = g.types[v]
     zp = t.quant.zero_point[0] if t.quant is not None else 0
     if data is None or np.any(np.asarray(data) != zp):
-        raise tfl.ExportError(f"node {n.name!r}: LSTM state {v!r} must be a zero constant: TFLite keeps the "
-                              f"state in a variable tensor that starts at zero")
-    idx = e.tensor(e._fresh(f"{n.name}/{v}_state"), t)
+        raise tfl.ExportError(f"node {n.name!r}: LSTM state {v!r} must be a zero constant (its zero point when "
+                              f"quantised): TFLite keeps the state in a variable tensor that starts at zero")
+    idx = e.tensor(e._fresh(v if state else f"{n.name}/{v}_state"), t)
     e.tensors[idx]["variable"] = True
     return idx
+
+
+def _state_export(e, n):
+    """True when the lstm node carries its state (graph.states, ``carry_state``): the nodes that
+    compute the next state are the variable tensors' update, written by no operator of their own."""
+    g = e.g
+    if n.inputs[13] not in g.states and n.inputs[14] not in g.states:
+        return False
+    found = state_nodes(g, n)
+    cons = g.consumers()
+    if found is None or any(cons[v] for v in (found[0][1], found[1].name)) or \
+            [m.name for m in cons[found[0][0]]] != [found[0][1]] or \
+            {found[0][1], found[1].name, found[0][0]} & set(g.outputs):
+        raise tfl.ExportError(f"node {n.name!r}: a stateful LSTM exports as one operator whose variable tensors "
+                              f"carry the state: the next h0 must be the last step of its output and the next c0 "
+                              f"its final cell state (lstm output='cell'), read by nothing else")
+    e.skip.update([found[0][0], found[0][1], found[1].name])
+    return True
 
 
 def _intermediates(e, n, out_t):
@@ -153,7 +184,15 @@ def _tfl_export_lstm(e, n, act, out, int8):
     ins[0] = e.value(n.inputs[0])
     for j, v in zip(_POS[:12], n.inputs[1:13]):
         ins[j] = e.value(v)
-    ins[18], ins[19] = _zero_state(e, n, n.inputs[13]), _zero_state(e, n, n.inputs[14])
+    if n.attrs.get("output") == "cell":
+        seq = [m for m in e.g.nodes if m.op == "lstm" and m.attrs.get("output", "sequence") == "sequence"
+               and (state_nodes(e.g, m) or ([], None))[1] is n]
+        if not seq:
+            raise tfl.ExportError(f"node {n.name!r}: an lstm with output='cell' exports only as the cell-state "
+                                  f"update of a stateful LSTM (lstm.carry_state); TFLite's LSTM has no such output")
+        return                  # written with its sequence node (the variable cell-state tensor)
+    state = _state_export(e, n)
+    ins[18], ins[19] = _zero_state(e, n, n.inputs[13], state), _zero_state(e, n, n.inputs[14], state)
     out_t = e.g.types[out]
     extra = {"intermediates": _intermediates(e, n, out_t)} if int8 else {}
     e.op(NAME, ins, [e.tensor(out, out_t)], "UnidirectionalSequenceLSTMOptions", int8,

@@ -80,7 +80,7 @@ def test_tflm_mnist_lstm_float(seed):
     path, buf = _mnist("trained_lstm.tflite")
     g = load_tflite(path)
     lstm = next(n for n in g.nodes if n.op == "lstm")
-    assert lstm.attrs == {"time_major": False, "cell_clip": 10.0, "activation": "tanh"}
+    assert lstm.attrs == {"time_major": False, "cell_clip": 10.0, "activation": "tanh", "output": "sequence"}
     x = np.random.default_rng(seed).random((1, 28, 28)).astype(np.float32)
     want_out, want_lstm = litert_tensors(buf, x, ["tfl.unidirectional_sequence_lstm"])
     g.outputs = g.outputs + [lstm.name]

@@ -34,10 +34,13 @@ def tflm_run(model: bytes, *xs):
 
 
 def upto(g, name):
-    """A copy of g that ends at node ``name`` (its output the graph's only output)."""
+    """A copy of g that ends at node ``name`` (its output the graph's only output; the states whose
+    update is cut off, a stateful LSTM's, are dropped: every run starts from the reset state)."""
     h = copy.deepcopy(g)
     h.nodes = h.nodes[:[n.name for n in h.nodes].index(name) + 1]
     h.outputs = [name]
+    kept = {n.name for n in h.nodes}
+    h.states = {s: v for s, v in h.states.items() if v in kept}
     return h
 
 

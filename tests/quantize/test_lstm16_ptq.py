@@ -58,7 +58,7 @@ def test_types_of_the_16x8_lstm(quantised):
         s_w = np.float32(q16.types[a.inputs[1 + k]].quant.scale[0])
         assert q16.types[a.inputs[9 + k]].quant.scale[0] == float(np.float32(s_x * s_w))
     assert {n.op: q16.types[n.name].dtype for n in q16.nodes} == {
-        "lstm": "int16", "reshape": "int16", "dense": "int16", "softmax": "int16"}
+        "lstm": "int16", "slice": "int16", "reshape": "int16", "dense": "int16", "softmax": "int16"}
 
 
 def test_exported_model_runs_in_tflm_bit_exact(quantised):

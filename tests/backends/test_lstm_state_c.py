@@ -1,0 +1,57 @@
+"""A stateful LSTM through the C backend: the output and cell states in model.c's own buffers,
+carried from one kiln_model_run to the next and reset by kiln_reset_state(); float within 1e-6 of
+the reference over a stream on the host, and streams on the emulated mps2-an386 (float, int8 and
+16x8) equal to the reference, itself bit-exact with TensorFlow Lite Micro
+(tests/frontend/test_lstm_state.py)."""
+import json
+
+import numpy as np
+import pytest
+
+from kiln.backends import compile as compile_pkg
+from kiln.quantize import ptq
+from kiln.quantize.tflite_export import export_tflite
+from tests.frontend.test_lstm_state import kiln_stream, lstm_model, stream, tflm_stream
+
+
+def test_float_host_c_carries_the_state_and_resets(tmp_path):
+    g = lstm_model(2, 3, head=True)
+    pkg = compile_pkg(g, target="host", out_dir=str(tmp_path), plot=False, measure_size=False)
+    man = json.load(open(tmp_path / "manifest.json"))
+    assert man["state_bytes"] == 2 * (2 * 5 * 4) and len(man["states"]) == 2
+    xs = stream((2, 3, 3), 5, 4)
+    want = kiln_stream(g, xs)
+    got = [pkg.run(x)[0] for x in xs]
+    for k, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=f"invocation {k}")
+    pkg.reset_state()
+    np.testing.assert_allclose(pkg.run(xs[0])[0], want[0], rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+@pytest.mark.parametrize("acts", ["float32", "int8", "int16"])
+def test_lstm_stream_on_board(acts, tmp_path):
+    """`kiln golden` writes a stream (the state carried from pair to pair) and `kiln verify` runs
+    it on a freshly booted mps2-an386: every output equal (float: within the verifier's
+    tolerance). For int8 and 16x8 the stream is TensorFlow Lite Micro's too."""
+    from kiln.commands.golden import golden
+    from kiln.commands.verify import verify
+    from kiln.frontend.tflite_import import load_tflite
+    from tests.firmware.helpers import need_qemu, need_toolchain
+    need_toolchain()
+    need_qemu()
+    g = lstm_model(1, 2)            # the LSTM's own output: TFLM's 16x8 dense differs from LiteRT's
+    if acts != "float32":
+        g = ptq(g, np.random.default_rng(2).standard_normal((96, 2, 3)).astype(np.float32), int8_io=True,
+                activations=acts)
+    path = tmp_path / "lstm.tflite"
+    path.write_bytes(export_tflite(g))
+    xs = stream((1, 2, 3), 5, 6, acts)
+    if acts != "float32":
+        ref = kiln_stream(load_tflite(str(path)), xs)
+        assert all(np.array_equal(a, b) for a, b in zip(ref, tflm_stream(path.read_bytes(), xs)))
+    gold = str(tmp_path / "g.npz")
+    golden(str(path), gold, [(x,) for x in xs], oracle="reference")
+    rep = verify(str(path), gold, "mps2-an386", options={"out": str(tmp_path / "board")})
+    assert rep["ok"] and rep["matched"] == 5, rep["results"]
