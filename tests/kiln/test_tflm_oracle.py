@@ -10,7 +10,7 @@ import pytest
 from kiln import tflm
 from kiln.cli import main
 from kiln.commands.golden import resolve
-from kiln.frontend import run
+from kiln.frontend.executor import run_stateful
 from kiln.frontend.tflite_import import load_tflite
 from kiln.litert import run_litert
 from kiln.quantize.tflite_export import export_tflite
@@ -34,7 +34,7 @@ def lstm_cut(tmp_path_factory):
     cut = upto(g, next(n for n in g.nodes if n.op == "lstm").name)
     path = tmp_path_factory.mktemp("cut") / "lstm_cut.tflite"
     path.write_bytes(export_tflite(cut))
-    return str(path), cut
+    return str(path), load_tflite(str(path))      # its state tensors are variables: a stateful graph
 
 
 def _inputs(n):
@@ -55,13 +55,15 @@ def test_golden_pairs_come_from_tflm_and_equal_kilns_reference(lstm_cut, tmp_pat
     rc, rep = _json(capsys, ["golden", path, "-o", gold, "--inputs", "4"])
     assert rc == 0 and rep["oracle"] == "tflm" and "LSTM" in rep["oracle_reason"]
     pairs = load_samples(gold, cut)
-    want = tflm.run_tflm(path, pairs.inputs)
+    assert cut.states                    # the LSTM's variable tensors: the samples are one stream
+    want = tflm.run_tflm(path, pairs.inputs, stream=True)
+    state = {}
     for (y,), x, (t,) in zip(pairs.targets, pairs.inputs, want):
         np.testing.assert_array_equal(y, t)
-        np.testing.assert_array_equal(run(cut, *x)[0], t)
+        np.testing.assert_array_equal(run_stateful(cut, state, *x)[0], t)
     # the choice matters: LiteRT's LSTM is 1 off somewhere on these inputs
-    lite = run_litert(path, samples)
-    ours = tflm.run_tflm(path, samples)
+    lite = run_litert(path, samples, stream=True)
+    ours = tflm.run_tflm(path, samples, stream=True)
     assert any((a[0] != b[0]).any() for a, b in zip(lite, ours))
 
 
@@ -73,12 +75,16 @@ def test_without_tflite_micro_the_reference_is_the_oracle(lstm_cut, monkeypatch)
 
 def test_tflm_stream_keeps_state_and_reset_clears_it(lstm_cut):
     """Without ``stream`` every sample starts from a reset interpreter: the same input gives the
-    same output whatever came before."""
-    path, _ = lstm_cut
+    same output whatever came before; with it the state carries (as Kiln's reference)."""
+    path, cut = lstm_cut
     a, b = _inputs(2)
     first = tflm.run_tflm(path, [a])[0][0]
-    again = tflm.run_tflm(path, [b, a])[1][0]
-    np.testing.assert_array_equal(first, again)
+    np.testing.assert_array_equal(first, tflm.run_tflm(path, [b, a])[1][0])
+    carried = tflm.run_tflm(path, [b, a], stream=True)[1][0]
+    assert (carried != first).any()
+    state = {}
+    run_stateful(cut, state, *b)
+    np.testing.assert_array_equal(run_stateful(cut, state, *a)[0], carried)
 
 
 def test_unloadable_model_is_a_clear_error(tmp_path):
