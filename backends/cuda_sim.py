@@ -53,7 +53,8 @@ def opencl_source(pkg):
     import tvm
     from tvm.tirx.compilation_pipeline import finalize_device_passes
 
-    from .cuda import _lower
+    from . import half_legalize  # TVM
+
     path = os.path.join(pkg, "kernels.cl")
     if os.path.exists(path):
         with open(path) as f:
@@ -64,8 +65,8 @@ def opencl_source(pkg):
     with open(sched_file) as f:
         sched = tvm.ir.load_json(f.read())
     names = {gv.name_hint for gv in sched.functions}
-    low = _lower(sched, opencl_target())
-    kernels = {gv: f for gv, f in low.functions.items() if gv.name_hint not in names}
+    low = tvm.transform.Sequential(_sim_passes())(tvm.tirx.transform.BindTarget(opencl_target())(sched))
+    kernels = {gv: half_legalize.legalize(f) for gv, f in low.functions.items() if gv.name_hint not in names}
     d = dict(opencl_target().export())
     d.pop("host", None)
     src = tvm.get_global_func("target.build.opencl")(finalize_device_passes()(tvm.IRModule(kernels)),
@@ -76,6 +77,13 @@ def opencl_source(pkg):
     with open(path, "w") as f:
         f.write(src)
     return src
+
+
+def _sim_passes():
+    """cuda.compile's lowering passes (cuda._lower_passes) without BF16ComputeLegalize: bfloat16
+    is legalised with float16 afterwards (half_legalize), rounding after every half operation."""
+    from .cuda import _lower_passes
+    return [p for p in _lower_passes() if p.info.name != "tirx.BF16ComputeLegalize"]
 
 
 def _context():
@@ -99,10 +107,6 @@ class Simulator:
     def __init__(self, pkg):
         self.pkg, self.m = pkg, load_manifest(pkg)
         self.cl, self.ctx = _context()
-        dev = self.ctx.devices[0]
-        if self.m.dtype in ("float16", "bfloat16") and "cl_khr_fp16" not in dev.extensions:
-            raise SimUnavailable(f"{pkg}: a {self.m.dtype} package needs an OpenCL device with cl_khr_fp16; "
-                                 f"{dev.platform.version} on {dev.name} has none (cuda-sim runs float32 packages here)")
         self.queue = self.cl.CommandQueue(self.ctx)
         try:
             self.prog = self.cl.Program(self.ctx, opencl_source(pkg)).build()
