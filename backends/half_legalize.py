@@ -128,9 +128,10 @@ def half_bits_to_f32(h, fmt="float16"):
         f32 = o.t("float32")
         normal = tirx.reinterpret(f32, sign | ((e + o.k(112)) << o.k(23)) | (m << o.k(13)))
         special = tirx.reinterpret(f32, sign | o.k(0x7F800000) | (m << o.k(13)))
-        scaled = tirx.Cast(f32, m) * tirx.Broadcast(tirx.const(2.0 ** -24, "float32"), o.lanes) \
-            if o.lanes > 1 else tirx.Cast(f32, m) * tirx.const(2.0 ** -24, "float32")
-        sub = tirx.reinterpret(f32, sign | tirx.reinterpret(o.t("uint32"), scaled))
+        # a subnormal is m x 2^-24: float32(m) (exact) with 24 taken off its exponent, in
+        # integers (no float constant, which OpenCL C would get as rounded decimal text)
+        m_bits = tirx.reinterpret(o.t("uint32"), tirx.Cast(f32, m))
+        sub = tirx.reinterpret(f32, sign | o.sel(m == o.k(0), o.k(0), m_bits - o.k(24 << 23)))
         return o.sel(e == o.k(0x1F), special, o.sel(e == o.k(0), sub, normal))
     return o.let(w32, body)
 
