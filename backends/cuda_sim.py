@@ -78,13 +78,29 @@ def opencl_kernels(sched):
     kernels = finalize_device_passes()(tvm.IRModule({gv: f for gv, f in low.functions.items()
                                                      if gv.name_hint not in names}))
     # half types last: the simplifier would substitute the conversions' let-bound values
-    kernels = tvm.IRModule({gv: half_legalize.legalize(f) for gv, f in kernels.functions.items()})
+    kernels = tvm.IRModule({gv: exact_float_constants(half_legalize.legalize(f))
+                            for gv, f in kernels.functions.items()})
     d = dict(opencl_target().export())
     d.pop("host", None)
     src = tvm.get_global_func("target.build.opencl")(kernels, tvm.target.Target(d)).inspect_source()
     # INT32_MIN as TVM prints it is a long in OpenCL C (2147483648 does not fit an int), which
     # makes select(int, -2147483648, int) ambiguous (int8 fixed-point saturation): write it as an int
     return re.sub(r"(?<![\w.])-2147483648(?![\w.])", "(-2147483647 - 1)", src)
+
+
+def exact_float_constants(func):
+    """``func`` with each float32 constant that OpenCL C would not get back exactly (TVM's OpenCL
+    code generator prints 7 significant digits; the CUDA source has exact hexadecimal literals)
+    written as its bits, reinterpreted."""
+    import tvm_ffi
+    from tvm import tirx
+
+    def exact(n):
+        v = np.float32(n.value)
+        if str(n.ty.dtype) != "float32" or not np.isfinite(v) or np.float32(f"{v:.6e}") == v:
+            return n
+        return tirx.reinterpret("float32", tirx.const(int(np.array(v).view(np.uint32)), "uint32"))
+    return tvm_ffi.structural_map(func, [(tirx.FloatImm, exact)])
 
 
 def _sim_passes():
