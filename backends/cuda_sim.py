@@ -8,8 +8,9 @@ arguments at their arena and weights offsets. The arena is filled with 0xFF byte
 float32/float16/bfloat16) and the arena and weights blob each sit between two guard zones
 (cuda_plan.guard_bytes) that must stay untouched. What differs from the GPU: cross-thread
 reductions use shared memory instead of warp shuffles (OpenCL has none), so warp shuffles are
-not executed. Needs pyopencl and an OpenCL CPU driver (Debian: pocl-opencl-icd); float16 and
-bfloat16 packages need a device with cl_khr_fp16, which Debian 12's pocl 3.1 on x86 lacks.
+not executed. float16 and bfloat16 kernels are legalised first (half_legalize): uint16 storage,
+float32 arithmetic rounded to the half format after every half operation, so pocl needs no
+cl_khr_fp16. Needs pyopencl and an OpenCL CPU driver (Debian: pocl-opencl-icd).
 """
 from __future__ import annotations
 
@@ -51,9 +52,6 @@ def opencl_target():
 def opencl_source(pkg):
     """OpenCL C of the package's scheduled kernels (cached as kernels.cl in the package)."""
     import tvm
-    from tvm.tirx.compilation_pipeline import finalize_device_passes
-
-    from .cuda import _lower
     path = os.path.join(pkg, "kernels.cl")
     if os.path.exists(path):
         with open(path) as f:
@@ -62,20 +60,54 @@ def opencl_source(pkg):
     if not os.path.exists(sched_file):
         raise KilnError(f"{pkg}: no scheduled.json (a package from an older Kiln: compile it again)")
     with open(sched_file) as f:
-        sched = tvm.ir.load_json(f.read())
-    names = {gv.name_hint for gv in sched.functions}
-    low = _lower(sched, opencl_target())
-    kernels = {gv: f for gv, f in low.functions.items() if gv.name_hint not in names}
-    d = dict(opencl_target().export())
-    d.pop("host", None)
-    src = tvm.get_global_func("target.build.opencl")(finalize_device_passes()(tvm.IRModule(kernels)),
-                                                      tvm.target.Target(d)).inspect_source()
-    # INT32_MIN as TVM prints it is a long in OpenCL C (2147483648 does not fit an int), which
-    # makes select(int, -2147483648, int) ambiguous (int8 fixed-point saturation): write it as an int
-    src = re.sub(r"(?<![\w.])-2147483648(?![\w.])", "(-2147483647 - 1)", src)
+        src = opencl_kernels(tvm.ir.load_json(f.read()))
     with open(path, "w") as f:
         f.write(src)
     return src
+
+
+def opencl_kernels(sched):
+    """OpenCL C of the kernels of ``sched`` (an IRModule of GPU-scheduled PrimFuncs), lowered as
+    cuda.compile lowers them, with float16/bfloat16 legalised (half_legalize)."""
+    import tvm
+    from tvm.tirx.compilation_pipeline import finalize_device_passes
+
+    from . import half_legalize  # TVM
+    names = {gv.name_hint for gv in sched.functions}
+    low = tvm.transform.Sequential(_sim_passes())(tvm.tirx.transform.BindTarget(opencl_target())(sched))
+    kernels = finalize_device_passes()(tvm.IRModule({gv: f for gv, f in low.functions.items()
+                                                     if gv.name_hint not in names}))
+    # half types last: the simplifier would substitute the conversions' let-bound values
+    kernels = tvm.IRModule({gv: exact_float_constants(half_legalize.legalize(f))
+                            for gv, f in kernels.functions.items()})
+    d = dict(opencl_target().export())
+    d.pop("host", None)
+    src = tvm.get_global_func("target.build.opencl")(kernels, tvm.target.Target(d)).inspect_source()
+    # INT32_MIN as TVM prints it is a long in OpenCL C (2147483648 does not fit an int), which
+    # makes select(int, -2147483648, int) ambiguous (int8 fixed-point saturation): write it as an int
+    return re.sub(r"(?<![\w.])-2147483648(?![\w.])", "(-2147483647 - 1)", src)
+
+
+def exact_float_constants(func):
+    """``func`` with each float32 constant that OpenCL C would not get back exactly (TVM's OpenCL
+    code generator prints 7 significant digits; the CUDA source has exact hexadecimal literals)
+    written as its bits, reinterpreted."""
+    import tvm_ffi
+    from tvm import tirx
+
+    def exact(n):
+        v = np.float32(n.value)
+        if str(n.ty.dtype) != "float32" or not np.isfinite(v) or np.float32(f"{v:.6e}") == v:
+            return n
+        return tirx.reinterpret("float32", tirx.const(int(np.array(v).view(np.uint32)), "uint32"))
+    return tvm_ffi.structural_map(func, [(tirx.FloatImm, exact)])
+
+
+def _sim_passes():
+    """cuda.compile's lowering passes (cuda._lower_passes) without BF16ComputeLegalize: bfloat16
+    is legalised with float16 afterwards (half_legalize), rounding after every half operation."""
+    from .cuda import _lower_passes
+    return [p for p in _lower_passes() if p.info.name != "tirx.BF16ComputeLegalize"]
 
 
 def _context():
@@ -99,10 +131,6 @@ class Simulator:
     def __init__(self, pkg):
         self.pkg, self.m = pkg, load_manifest(pkg)
         self.cl, self.ctx = _context()
-        dev = self.ctx.devices[0]
-        if self.m.dtype in ("float16", "bfloat16") and "cl_khr_fp16" not in dev.extensions:
-            raise SimUnavailable(f"{pkg}: a {self.m.dtype} package needs an OpenCL device with cl_khr_fp16; "
-                                 f"{dev.platform.version} on {dev.name} has none (cuda-sim runs float32 packages here)")
         self.queue = self.cl.CommandQueue(self.ctx)
         try:
             self.prog = self.cl.Program(self.ctx, opencl_source(pkg)).build()

@@ -2,14 +2,15 @@
 
 For each zoo model: inference at batch 1 and batch 64 (eval mode) and the training step at batch
 64 (forward + loss + backward, train-mode BatchNorm with its buffer updates, dropout masks from a
-fixed key) are compiled as CUDA packages (float32, DLight schedules, no NVRTC check) and run by
+fixed key) are compiled as CUDA packages (float32 by default, --dtypes for float16/bfloat16;
+DLight schedules, no NVRTC check) and run by
 backends/cuda_sim.py on pocl with the packages' own launch plans, on a NaN-poisoned arena between
 guard zones. Every output, gradient and buffer update is compared with the same graph run by the
 NumPy executor in float64 (cuda_sim.check64: error relative to the output's scale, gradients to
 the step's largest gradient). Prints one JSON object; --markdown also writes the table.
 
     .venv/bin/python benchmarks/cuda_sim_zoo.py [--models ds-cnn,resnet8] [--cases b1,b64,train] \\
-        [--markdown table.md]
+        [--dtypes float32,float16,bfloat16] [--markdown table.md]
 
 Exit status 1 when a case is over its tolerance or a guard zone was written.
 """
@@ -92,15 +93,18 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated zoo models (default: {','.join(MODELS)})")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated cases: b1, b64, train (default: all)")
+    p.add_argument("--dtypes", default="float32", help="comma-separated storage dtypes: float32, float16, bfloat16 "
+                   "(default: float32)")
     p.add_argument("--markdown", metavar="PATH", help="also write the table to this file")
     a = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="kiln-cuda-sim-zoo-") as work:
         for m in a.models.split(","):
             for c in a.cases.split(","):
-                rows.append(run_case(m.strip(), c.strip(), work))
-                print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("errors", "float32_errors")}),
-                      file=sys.stderr, flush=True)
+                for dt in a.dtypes.split(","):
+                    rows.append(run_case(m.strip(), c.strip(), work, dtype=dt.strip()))
+                    print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("errors", "float32_errors")}),
+                          file=sys.stderr, flush=True)
     print(json.dumps({"ok": all(r["ok"] and r["guards_clean"] for r in rows), "results": rows}))
     if a.markdown:
         with open(a.markdown, "w") as f:

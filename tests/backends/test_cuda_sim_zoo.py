@@ -32,6 +32,19 @@ def test_zoo_package_on_cuda_sim_matches_float64(tmp_path, model, case):
         assert len(cuda_sim.gradient_outputs(graph)) == len(graph.meta["grad"]["wrt"]) > 0
 
 
+HALF_CASES = [("digits-cnn", "b1", "float16"), ("digits-cnn", "b1", "bfloat16"), ("fc-autoencoder", "b64", "float16")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,case,dtype", HALF_CASES, ids=[f"{m}-{c}-{d}" for m, c, d in HALF_CASES])
+def test_zoo_half_package_on_cuda_sim_matches_float64(tmp_path, model, case, dtype):
+    """float16/bfloat16 packages (half_legalize on pocl): within a tenth of their bound (the zoo's
+    half inference is 3e-4 to 7e-4 off float64 in float16, 3e-3 to 6e-3 in bfloat16)."""
+    r = cuda_sim_zoo.run_case(model, case, str(tmp_path), dtype=dtype)
+    assert r["ok"] and r["guards_clean"] and r["max_err"] <= cuda_sim.TOLERANCE64[dtype] / 10, r
+    assert r["max_err"] > 10 * r["max_float32_err"], r        # rounded to the half format
+
+
 def test_float64_graph_computes_in_float64():
     kiln.frontend.manual_seed(0)
     x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
