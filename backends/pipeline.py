@@ -23,7 +23,7 @@ from kiln.frontend.loader import load_model
 
 from . import emit, ops, passes, planner  # noqa: F401  (ops: fills the registry's C lowerings)
 from .cpus import TargetSpec
-from .lower import lower_group, register_pending, source_key
+from .lower import BuildCache, lower_group, register_pending, source_key
 from .manifest import Command, Manifest, Tensor
 
 ALIGN = 4   # arena buffer alignment (int32/float accesses); the arena itself is 16-byte aligned
@@ -87,12 +87,15 @@ def fuse(st: CompileState):
 
 
 def lower(st: CompileState):
-    """Needs: fuse. One TVM kernel per group; identical kernels (same C text) are shared."""
+    """Needs: fuse. One TVM kernel per group; kernels equal up to their buffers (the time steps
+    of an unrolled RNN) are built once (lower.BuildCache) and, like any kernels with the same C
+    text, share one C function."""
     kernels, uniq, cmds = [], {}, []
+    cache = BuildCache()
     for idx, grp in enumerate(st.groups):
         kname = f"k{idx:02d}_{emit.c_ident(grp.name)}"[:48]
-        kern = lower_group(st.graph, grp, st.target, st.consts, kname)
-        key = (source_key(kern.source, kname), tuple((a.kind, a.dtype) for a in kern.args))
+        kern = lower_group(st.graph, grp, st.target, st.consts, kname, cache)
+        key = (source_key(kern.source, kern.c_function), tuple((a.kind, a.dtype) for a in kern.args))
         if key not in uniq:
             uniq[key] = kern
             kernels.append(kern)
