@@ -16,7 +16,7 @@ _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(HERE, "tem
                           keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
 
 CTYPES = {"int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t", "int32": "int32_t", "uint32": "uint32_t",
-          "float32": "float"}
+          "int64": "int64_t", "float32": "float"}
 
 
 def c_ident(s):

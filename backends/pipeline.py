@@ -10,6 +10,7 @@ as the ``c`` backend (``compile(graph, options) -> CPackage``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ from kiln.frontend.errors import KilnError
 from kiln.frontend.graph import Graph
 from kiln.frontend.loader import load_model
 
-from . import emit, ops, passes, planner  # noqa: F401  (ops: fills the registry's C lowerings)
+from . import emit, families, ops, passes, planner  # noqa: F401  (ops: fills the registry's C lowerings)
 from .cpus import TargetSpec
 from .lower import BuildCache, lower_group, register_pending, source_key
 from .manifest import Command, Manifest, Tensor
@@ -89,7 +90,8 @@ def fuse(st: CompileState):
 def lower(st: CompileState):
     """Needs: fuse. One TVM kernel per group; kernels equal up to their buffers (the time steps
     of an unrolled RNN) are built once (lower.BuildCache) and, like any kernels with the same C
-    text, share one C function."""
+    text, share one C function; a family of kernels differing only in integer literals shares one
+    function taking the literals as constants (backends/families.py)."""
     kernels, uniq, cmds = [], {}, []
     cache = BuildCache()
     for idx, grp in enumerate(st.groups):
@@ -100,8 +102,7 @@ def lower(st: CompileState):
             uniq[key] = kern
             kernels.append(kern)
         cmds.append((kern, uniq[key]))
-    st.kernels = kernels
-    st.commands = cmds
+    st.kernels, st.commands = families.share(kernels, cmds)
 
 
 def plan(st: CompileState):
@@ -194,8 +195,9 @@ def emit_package(st: CompileState):
 
 def _command_buffer(st: CompileState):
     """(constants [(C name, array, description)], commands [emit's command records]): each
-    command's arena offsets and constant arrays, constants shared by name."""
-    consts, cindex = [], {}
+    command's arena offsets and constant arrays, constants shared by name and by content (the
+    time steps of an unrolled RNN each prepare the same packed weights and tables: one copy)."""
+    consts, cindex, by_content = [], {}, {}
 
     def const_ref(kern, a):
         if a.name in st.graph.states:
@@ -204,8 +206,12 @@ def _command_buffer(st: CompileState):
             arr = st.consts.get(a.name)
             arr = kern.extra_consts[a.name] if arr is None else arr
             arr = np.ascontiguousarray(arr).astype(a.dtype)
-            cindex[a.name] = "c_" + emit.c_ident(a.name)
-            consts.append((cindex[a.name], arr, f"{a.name}: {a.dtype}{list(arr.shape)}"))
+            content = (str(arr.dtype), arr.size, hashlib.sha256(arr.tobytes()).hexdigest())
+            if content in by_content:
+                cindex[a.name] = by_content[content]
+            else:
+                cindex[a.name] = by_content[content] = "c_" + emit.c_ident(a.name)
+                consts.append((cindex[a.name], arr, f"{a.name}: {a.dtype}{list(arr.shape)}"))
         return cindex[a.name]
     commands = []
     kid = {k.name: i for i, k in enumerate(st.kernels)}
