@@ -21,7 +21,7 @@ import numpy as np
 from .lower import Arg
 from .tirc import CParam
 
-MIN_FAMILY = 8      # distinct kernels needed before literals are turned into parameters
+MIN_FAMILY = 16     # distinct kernels needed before literals are turned into parameters
 # an integer literal, with the sign before it (binary or unary: "a - 14" is "a + LIT" with LIT -14)
 _LIT = re.compile(r"(?<![\w.])(?:([-+]) ?)?(\d+)(?![\w.])")
 _INT_MAX = 2**31 - 1

@@ -8,7 +8,9 @@ from tvm import te
 import kiln.frontend as kf
 from kiln.backends import compile as compile_pkg
 from kiln.backends import pipeline
-from kiln.backends.lower import BuildCache
+from kiln.backends import families
+from kiln.backends.lower import Arg, BuildCache, Kernel
+from kiln.backends.tirc import CParam
 from kiln.frontend import run
 from kiln.quantize import ptq
 
@@ -48,12 +50,12 @@ def _count(path, prefix):
 
 def test_distinct_kernels_do_not_grow_with_the_time_steps(tmp_path):
     # past MIN_FAMILY steps the time steps' slices of the input (one offset each) share a function
-    short, long_ = _compile(gru(9), tmp_path / "t9"), _compile(gru(20), tmp_path / "t20")
+    short, long_ = _compile(gru(17), tmp_path / "t17"), _compile(gru(36), tmp_path / "t36")
     assert len(long_.manifest.commands) > 2 * len(short.manifest.commands)
     assert len(long_.manifest.kernels) == len(short.manifest.kernels) < 20
-    assert _count(tmp_path / "t20", "static void k") == len(long_.manifest.kernels)
+    assert _count(tmp_path / "t36", "static void k") == len(long_.manifest.kernels)
     # each step's SUB reads a constant 1.0 of its own: one array in flash
-    assert _count(tmp_path / "t20", "static const float c_const_") == 1
+    assert _count(tmp_path / "t36", "static const float c_const_") == 1
     # every command names the shared function it calls
     assert {c.c_function for c in long_.manifest.commands} == set(long_.manifest.kernels)
 
@@ -73,13 +75,13 @@ def test_shared_float_package_computes_what_an_unshared_one_does(tmp_path, monke
 
 def test_int8_steps_share_kernels_and_stay_bit_exact(tmp_path):
     # each step has its own scales, so its kernels differ in their literals (families.py)
-    q = gru(10, int8=True)
+    q = gru(17, int8=True)
     pkg = _compile(q, tmp_path / "q")
-    assert len(pkg.manifest.commands) > 200 and len(pkg.manifest.kernels) < 20
+    assert len(pkg.manifest.commands) > 350 and len(pkg.manifest.kernels) < 20
     assert "kiln_lits" in (tmp_path / "q" / "kernels.c").read_text()
     rng = np.random.default_rng(4)
     for _ in range(3):
-        x = rng.integers(-128, 128, (1, 10, 3)).astype(np.int8)
+        x = rng.integers(-128, 128, (1, 17, 3)).astype(np.int8)
         np.testing.assert_array_equal(pkg.run(x)[0], run(q, x)[0])
 
 
@@ -100,3 +102,40 @@ def test_build_cache_ignores_names_not_constants():
     const = cache.build(_func(("x_1", "y_1"), 2.0), "k03_d", ["x_1"], (("const", "float32"),))
     assert const.name == "k03_d" and cache.builds == 3       # a flash operand: a kernel of its own
     assert one.roles == [0, 1]
+
+
+# ---- families.py on hand-written kernels ---------------------------------------------------------
+def _kern(i, body_value, line=None):
+    name = f"k{i:02d}_add_{i}"
+    src = (f"static void {name}(const int8_t* a_{i}, int8_t* out_{i}) {{\n"
+           f"  for (int32_t i1 = 0; i1 < 8; ++i1) {{\n"
+           f"    out_{i}[i1] = (int8_t)(kiln_add(a_{i}[i1], {body_value}) >> 7);\n"
+           + (line or "") + "  }\n}\n")
+    k = Kernel(name, [f"add_{i}"], ["add"], f"add_{i}", [Arg("value", f"a_{i}", "int8", 8),
+                                                           Arg("value", f"add_{i}", "int8", 8, writes=True)], {}, source=src)
+    k.c_function, k.extra_consts = name, {}
+    k.cparams = [CParam(f"a_{i}", "int8", True), CParam(f"out_{i}", "int8")]
+    return k
+
+
+def test_a_family_shares_one_function_reading_its_literals():
+    ks = [_kern(i, f"a {'-' if i % 2 else '+'} {i + 10}, {-i if i % 3 else i}") for i in range(16)]
+    wide = _kern(16, "a + 3000000000, 1")          # a literal beyond int: another C type, its own kernel
+    kernels, commands = families.share(ks + [wide], [(k, k) for k in ks + [wide]])
+    assert [k.name for k in kernels] == ["k00_add_0", "k16_add_16"] and kernels[1] is wide
+    assert {s.name for _, s in commands[:16]} == {"k00_add_0"}
+    src = kernels[0].source
+    assert "const int8_t* a_0, int8_t* out_0, const int32_t* kiln_lits) {" in src
+    assert "kiln_add(a_0[i1], a + kiln_lit_0, kiln_lit_1) >> 7" in src     # the shift (7 in all) stays
+    assert "  const int kiln_lit_0 = (int)kiln_lits[0];" in src
+    # each command passes its own values, with their signs
+    vals = {k.name: [int(v) for v in k.extra_consts[f"{k.name}.kiln_lits"]] for k, _ in commands[:16]}
+    assert vals["k00_add_0"] == [10, 0] and vals["k01_add_1"] == [-11, -1] and vals["k03_add_3"] == [-13, 3]
+    assert [a.kind for a in commands[3][0].args] == ["value", "value", "const"]
+
+
+def test_small_families_and_sized_arrays_stay_apart():
+    ks = [_kern(i, f"a + {i}") for i in range(families.MIN_FAMILY - 1)]
+    assert families.share(ks, [(k, k) for k in ks])[0] == ks
+    ks = [_kern(i, "a", f"    int32_t buf[{i + 1}];\n") for i in range(families.MIN_FAMILY)]
+    assert families.share(ks, [(k, k) for k in ks])[0] == ks
