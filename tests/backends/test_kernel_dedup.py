@@ -7,8 +7,7 @@ from tvm import te
 
 import kiln.frontend as kf
 from kiln.backends import compile as compile_pkg
-from kiln.backends import pipeline
-from kiln.backends import families
+from kiln.backends import families, pipeline
 from kiln.backends.lower import Arg, BuildCache, Kernel
 from kiln.backends.tirc import CParam
 from kiln.frontend import run
