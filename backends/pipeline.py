@@ -24,7 +24,7 @@ from kiln.frontend.loader import load_model
 
 from . import emit, families, ops, passes, planner  # noqa: F401  (ops: fills the registry's C lowerings)
 from .cpus import TargetSpec
-from .lower import BuildCache, lower_group, register_pending, source_key
+from .lower import Arg, BuildCache, lower_group, register_pending, source_key
 from .manifest import Command, Manifest, Tensor
 
 ALIGN = 4   # arena buffer alignment (int32/float accesses); the arena itself is 16-byte aligned
@@ -199,11 +199,11 @@ def _command_buffer(st: CompileState):
     time steps of an unrolled RNN each prepare the same packed weights and tables: one copy)."""
     consts, cindex, by_content = [], {}, {}
 
-    def const_ref(kern, a):
+    def const_ref(kern, a, arr=None):
         if a.name in st.graph.states:
             return state_buffer(a.name)    # the state's own RAM buffer (model.c), not a flash constant
         if a.name not in cindex:
-            arr = st.consts.get(a.name)
+            arr = st.consts.get(a.name) if arr is None else arr
             arr = kern.extra_consts[a.name] if arr is None else arr
             arr = np.ascontiguousarray(arr).astype(a.dtype)
             content = (str(arr.dtype), arr.size, hashlib.sha256(arr.tobytes()).hexdigest())
@@ -224,8 +224,14 @@ def _command_buffer(st: CompileState):
                 offs.append(st.plan.offsets[f"{t}:{a.name}"])
             else:
                 offs.append(st.plan.offsets[st.store(a.name)])
+        record = offs                    # the offsets in the command record
+        if emit.io_outside(shared):     # many operands: the offsets go to a constant array
+            arr = np.asarray(offs, np.uint32)
+            data.append(const_ref(kern, Arg("const", f"{kern.name}.offsets", "uint32", arr.nbytes), arr))
+            record = []
         commands.append(dict(name=kern.nodes[-1], ops="+".join(kern.ops), kernel=kid[shared.name], macs=kern.macs,
-                             offs=offs, data=data, nodes=kern.nodes, c_function=shared.name))
+                             offs=offs, record_offs=record, data=data, nodes=kern.nodes,
+                             c_function=shared.name))
     return consts, commands
 
 

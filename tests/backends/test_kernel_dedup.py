@@ -53,6 +53,9 @@ def test_distinct_kernels_do_not_grow_with_the_time_steps(tmp_path):
     assert len(long_.manifest.commands) > 2 * len(short.manifest.commands)
     assert len(long_.manifest.kernels) == len(short.manifest.kernels) < 20
     assert _count(tmp_path / "t36", "static void k") == len(long_.manifest.kernels)
+    # the CONCATENATION of the 36 steps keeps its offsets in an array: the command records stay small
+    cmd_h = (tmp_path / "t36" / "kiln_cmd.h").read_text()
+    assert "#define KILN_MAX_IO    3\n" in cmd_h, cmd_h
     # each step's SUB reads a constant 1.0 of its own: one array in flash
     assert _count(tmp_path / "t36", "static const float c_const_") == 1
     # every command names the shared function it calls
