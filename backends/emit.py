@@ -16,7 +16,7 @@ _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(HERE, "tem
                           keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
 
 CTYPES = {"int8": "int8_t", "uint8": "uint8_t", "int16": "int16_t", "int32": "int32_t", "uint32": "uint32_t",
-          "float32": "float"}
+          "int64": "int64_t", "float32": "float"}
 
 
 def c_ident(s):
@@ -72,6 +72,18 @@ def _tensor_info(t):
             f'{len(shape)}u, {{ {dims} }}, {scale}, {zp} }}')
 
 
+# a kernel with more arena operands than this (a CONCATENATION of 200 time steps) reads its
+# offsets from a constant array of its own, so the command record (KILN_MAX_IO offsets in every
+# command) stays as small as the other kernels need
+IO_INLINE_MAX = 8
+
+
+def io_outside(kernel):
+    """Whether ``kernel``'s commands keep their arena offsets in a constant array (data[] after
+    the kernel's constants) instead of the command record."""
+    return sum(a.kind != "const" for a in kernel.args) > IO_INLINE_MAX
+
+
 def _ptr_cast(dtype, const):
     return f"({'const ' if const else ''}{CTYPES[dtype]} *)"
 
@@ -84,24 +96,27 @@ def render(out_dir, *, model_name, target, kernels, commands, consts, plan, inpu
     import tvm  # TVM: only its version string, for the generated files' header
     ctx = dict(version=__version__, target=target, model=model_name, tvm_version=tvm.__version__,
                optimize=optimize)
-    max_io = max([len(c["offs"]) for c in commands] + [1])
+    max_io = max([len(c.get("record_offs", c["offs"])) for c in commands] + [1])
     max_data = max([len(c["data"]) for c in commands] + [1])
     kern_ctx = []
     for k in kernels:
         call = []
         io = data = 0
+        wide = io_outside(k)        # its offsets in a constant array after its other constants
+        offs = f"((const uint32_t *)c->data[{sum(a.kind == 'const' for a in k.args)}])" if wide else "c->off"
         for p, a in zip(k.cparams, k.args):
             if a.kind == "const":
                 call.append(f"{_ptr_cast(a.dtype, True)}c->data[{data}]")
                 data += 1
             else:
-                call.append(f"{_ptr_cast(a.dtype, p.const)}(arena + c->off[{io}])")
+                call.append(f"{_ptr_cast(a.dtype, p.const)}(arena + {offs}[{io}])")
                 io += 1
         kern_ctx.append(dict(name=k.name, covers=", ".join(f"{n} ({o})" for n, o in zip(k.nodes, k.ops)),
                              source=k.source.rstrip(), call=", ".join(call)))
     cmd_ctx = []
     for c in commands:
-        offs = list(c["offs"]) + [0] * (max_io - len(c["offs"]))
+        offs = list(c.get("record_offs", c["offs"]))
+        offs += [0] * (max_io - len(offs))
         data = list(c["data"]) + ["NULL"] * (max_data - len(c["data"]))
         cmd_ctx.append(dict(name=c["name"], ops=c["ops"], kernel=c["kernel"], macs=c["macs"],
                             offs=", ".join(f"{o}u" for o in offs), data=", ".join(data)))

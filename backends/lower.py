@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 
 import numpy as np
+import tvm_ffi
 from tvm import s_tir, te, tirx
 
 from kiln.frontend.errors import KilnError
@@ -317,23 +318,13 @@ def decompose_reductions(sch, skip=()):
             pass
 
 
-def lower_group(graph, group, target, consts, kname) -> Kernel:
-    """Lower one fused group (``group.nodes``, producing ``group.out``) to a C kernel."""
+def lower_group(graph, group, target, consts, kname, cache=None) -> Kernel:
+    """Lower one fused group (``group.nodes``, producing ``group.out``) to a C kernel. ``cache``
+    (a :class:`BuildCache`, one per compile) shares the TVM build of structurally equal scheduled
+    functions: a kernel equal to an earlier one up to its buffers' names (the time steps of an
+    unrolled RNN) gets the earlier kernel's C function (``source``) instead of a new build."""
     k = KernelBuilder(graph, group, target, consts)
-    env = {}
-    out = None
-    for node in group.nodes:
-        k.node = node
-        op = get_op(node.op)
-        if not c_lowerable(node.op):
-            ins = ", ".join(str(graph.types[i]) for i in node.inputs)
-            raise LoweringError(f"node {node.name!r}: op '{node.op}' has no C lowering "
-                                f"(inputs {ins}; target {target.name})")
-        if op.macs is not None:
-            k.macs(op.macs([graph.types[i] for i in node.inputs], graph.types[node.name], node.attrs))
-        xs = [env[i] if i in env else k.input_tensor(i) for i in node.inputs]
-        out = lower_node(k, node, xs)
-        env[node.name] = out
+    out = _lower_nodes(k, graph, group, target)
     want = graph.types[group.out]
     if want.dtype == "bool" and out.dtype == "bool":
         out = bool_store(out)
@@ -346,25 +337,85 @@ def lower_group(graph, group, target, consts, kname) -> Kernel:
     func = te.create_prim_func(phs + [out])
     sch = s_tir.Schedule(func)
     (k.schedule_fn or default_schedule)(sch, out.op.name)
-    ro = [ph.op.name for ph in phs]
-    mod, cparams = tirc.lower(sch.mod["main"], kname, ro)
-    by_name = {ph.op.name: k.placeholders[ph] for ph in phs}
+    built = (cache if cache is not None else BuildCache()).build(
+        sch.mod["main"], kname, [ph.op.name for ph in phs], tuple((k.placeholders[ph].kind, k.placeholders[ph].dtype)
+                                                                   for ph in phs))
     args = []
-    for p in cparams:
-        if p.name in by_name:
-            args.append(by_name[p.name])
-        elif p.scratch_bytes:
+    for p, role in zip(built.cparams, built.roles):
+        if role == "scratch":
             args.append(Arg("scratch", f"{kname}.{p.name}", p.dtype, p.scratch_bytes, writes=True))
-        elif p.name == out.op.name:
+        elif role == len(phs):
             args.append(Arg("value", group.out, c_storage(want.dtype), want.nbytes, writes=True))
         else:
-            raise LoweringError(f"kernel {kname}: unexpected parameter {p.name!r}")
+            args.append(k.placeholders[phs[role]])
     kern = Kernel(kname, [n.name for n in group.nodes], [n.op for n in group.nodes], group.out, args,
-                  dict(k.inplace_hints), k.n_macs, mod=mod)
+                  dict(k.inplace_hints), k.n_macs, source=built.source, mod=built.mod)
     kern.extra_consts = k.extra_consts
-    kern.cparams = cparams
-    kern.source = tirc.build_c([mod], {kname: ro})
+    kern.cparams = built.cparams
+    kern.c_function = built.name        # the C function this kernel's commands call (shared when equal)
     return kern
+
+
+def _lower_nodes(k, graph, group, target):
+    """The TE tensor of a group's output, its nodes lowered one after the other."""
+    env, out = {}, None
+    for node in group.nodes:
+        k.node = node
+        op = get_op(node.op)
+        if not c_lowerable(node.op):
+            ins = ", ".join(str(graph.types[i]) for i in node.inputs)
+            raise LoweringError(f"node {node.name!r}: op '{node.op}' has no C lowering "
+                                f"(inputs {ins}; target {target.name})")
+        if op.macs is not None:
+            k.macs(op.macs([graph.types[i] for i in node.inputs], graph.types[node.name], node.attrs))
+        xs = [env[i] if i in env else k.input_tensor(i) for i in node.inputs]
+        out = lower_node(k, node, xs)
+        env[node.name] = out
+    return out
+
+
+@dataclasses.dataclass
+class Built:
+    """One C function built from a scheduled PrimFunc: its name, TVM module, C parameters, and
+    each parameter's role (the index of its buffer among the function's parameters, i.e. the
+    placeholders then the output; or "scratch"), which map the parameters of every structurally
+    equal function the same way."""
+    name: str
+    mod: object
+    cparams: list
+    roles: list
+    source: str
+
+
+class BuildCache:
+    """TVM builds of scheduled PrimFuncs, keyed by structural hash (names of buffers and variables
+    do not count; shapes, dtypes, constants in the code and the loop structure do) and by the
+    kinds and dtypes of the parameters; a hit is confirmed with ``structural_equal``."""
+
+    def __init__(self):
+        self._by_hash = {}
+        self.hits = self.builds = 0
+
+    def build(self, func, kname, ro, kinds) -> Built:
+        key = (tvm_ffi.structural_hash(func), kinds)
+        for f, built in self._by_hash.get(key, ()):
+            if tvm_ffi.structural_equal(f, func):
+                self.hits += 1
+                return built
+        mod, cparams = tirc.lower(func, kname, ro)
+        index = {p.name: i for i, p in enumerate(func.params)}
+        roles = []
+        for p in cparams:
+            if p.scratch_bytes:
+                roles.append("scratch")
+            elif p.name in index:
+                roles.append(index[p.name])
+            else:
+                raise LoweringError(f"kernel {kname}: unexpected parameter {p.name!r}")
+        built = Built(kname, mod, cparams, roles, tirc.build_c([mod], {kname: ro}))
+        self._by_hash.setdefault(key, []).append((func, built))
+        self.builds += 1
+        return built
 
 
 def source_key(src, name):

@@ -10,6 +10,7 @@ as the ``c`` backend (``compile(graph, options) -> CPackage``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shutil
 import subprocess
@@ -21,9 +22,9 @@ from kiln.frontend.errors import KilnError
 from kiln.frontend.graph import Graph
 from kiln.frontend.loader import load_model
 
-from . import emit, ops, passes, planner  # noqa: F401  (ops: fills the registry's C lowerings)
+from . import emit, families, ops, passes, planner  # noqa: F401  (ops: fills the registry's C lowerings)
 from .cpus import TargetSpec
-from .lower import lower_group, register_pending, source_key
+from .lower import Arg, BuildCache, lower_group, register_pending, source_key
 from .manifest import Command, Manifest, Tensor
 
 ALIGN = 4   # arena buffer alignment (int32/float accesses); the arena itself is 16-byte aligned
@@ -87,18 +88,21 @@ def fuse(st: CompileState):
 
 
 def lower(st: CompileState):
-    """Needs: fuse. One TVM kernel per group; identical kernels (same C text) are shared."""
+    """Needs: fuse. One TVM kernel per group; kernels equal up to their buffers (the time steps
+    of an unrolled RNN) are built once (lower.BuildCache) and, like any kernels with the same C
+    text, share one C function; a family of kernels differing only in integer literals shares one
+    function taking the literals as constants (backends/families.py)."""
     kernels, uniq, cmds = [], {}, []
+    cache = BuildCache()
     for idx, grp in enumerate(st.groups):
         kname = f"k{idx:02d}_{emit.c_ident(grp.name)}"[:48]
-        kern = lower_group(st.graph, grp, st.target, st.consts, kname)
-        key = (source_key(kern.source, kname), tuple((a.kind, a.dtype) for a in kern.args))
+        kern = lower_group(st.graph, grp, st.target, st.consts, kname, cache)
+        key = (source_key(kern.source, kern.c_function), tuple((a.kind, a.dtype) for a in kern.args))
         if key not in uniq:
             uniq[key] = kern
             kernels.append(kern)
         cmds.append((kern, uniq[key]))
-    st.kernels = kernels
-    st.commands = cmds
+    st.kernels, st.commands = families.share(kernels, cmds)
 
 
 def plan(st: CompileState):
@@ -191,18 +195,23 @@ def emit_package(st: CompileState):
 
 def _command_buffer(st: CompileState):
     """(constants [(C name, array, description)], commands [emit's command records]): each
-    command's arena offsets and constant arrays, constants shared by name."""
-    consts, cindex = [], {}
+    command's arena offsets and constant arrays, constants shared by name and by content (the
+    time steps of an unrolled RNN each prepare the same packed weights and tables: one copy)."""
+    consts, cindex, by_content = [], {}, {}
 
-    def const_ref(kern, a):
+    def const_ref(kern, a, arr=None):
         if a.name in st.graph.states:
             return state_buffer(a.name)    # the state's own RAM buffer (model.c), not a flash constant
         if a.name not in cindex:
-            arr = st.consts.get(a.name)
+            arr = st.consts.get(a.name) if arr is None else arr
             arr = kern.extra_consts[a.name] if arr is None else arr
             arr = np.ascontiguousarray(arr).astype(a.dtype)
-            cindex[a.name] = "c_" + emit.c_ident(a.name)
-            consts.append((cindex[a.name], arr, f"{a.name}: {a.dtype}{list(arr.shape)}"))
+            content = (str(arr.dtype), arr.size, hashlib.sha256(arr.tobytes()).hexdigest())
+            if content in by_content:
+                cindex[a.name] = by_content[content]
+            else:
+                cindex[a.name] = by_content[content] = "c_" + emit.c_ident(a.name)
+                consts.append((cindex[a.name], arr, f"{a.name}: {a.dtype}{list(arr.shape)}"))
         return cindex[a.name]
     commands = []
     kid = {k.name: i for i, k in enumerate(st.kernels)}
@@ -215,8 +224,14 @@ def _command_buffer(st: CompileState):
                 offs.append(st.plan.offsets[f"{t}:{a.name}"])
             else:
                 offs.append(st.plan.offsets[st.store(a.name)])
+        record = offs                    # the offsets in the command record
+        if emit.io_outside(shared):     # many operands: the offsets go to a constant array
+            arr = np.asarray(offs, np.uint32)
+            data.append(const_ref(kern, Arg("const", f"{kern.name}.offsets", "uint32", arr.nbytes), arr))
+            record = []
         commands.append(dict(name=kern.nodes[-1], ops="+".join(kern.ops), kernel=kid[shared.name], macs=kern.macs,
-                             offs=offs, data=data, nodes=kern.nodes, c_function=shared.name))
+                             offs=offs, record_offs=record, data=data, nodes=kern.nodes,
+                             c_function=shared.name))
     return consts, commands
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import numpy as np
+
 
 @dataclasses.dataclass(frozen=True)
 class Buffer:
@@ -133,63 +135,76 @@ def _align_down(x, a):
 
 
 def overlaps(buffers, offsets, aliases=()):
+    """Messages for every misaligned offset and every pair of buffers live at the same time whose
+    bytes overlap (other than as an in-place hint allows). Pairs are found by a sweep over the
+    buffers in order of first use, so the cost grows with the pairs that live together."""
     allowed = {(a.out, a.inp): a.min_shift for a in aliases}
     bad = []
     for b in buffers:
         if offsets[b.name] % b.align:
             bad.append(f"{b.name} at {offsets[b.name]} is not {b.align}-byte aligned")
-    for i, a in enumerate(buffers):
-        for b in buffers[i + 1:]:
-            if not a.lives_with(b) or a.size == 0 or b.size == 0:
-                continue
-            oa, ob = offsets[a.name], offsets[b.name]
-            if oa < ob + b.size and ob < oa + a.size:
-                if (a.name, b.name) in allowed and ob - oa >= allowed[(a.name, b.name)]:
+    index = {id(b): k for k, b in enumerate(buffers)}
+    live = []
+    for b in sorted((b for b in buffers if b.size), key=lambda b: b.first):
+        live = [a for a in live if a.last >= b.first]
+        for a in sorted(live, key=lambda a: index[id(a)]):
+            if index[id(a)] > index[id(b)]:
+                a, b2 = b, a
+            else:
+                b2 = b
+            oa, ob = offsets[a.name], offsets[b2.name]
+            if oa < ob + b2.size and ob < oa + a.size:
+                if (a.name, b2.name) in allowed and ob - oa >= allowed[(a.name, b2.name)]:
                     continue
-                if (b.name, a.name) in allowed and oa - ob >= allowed[(b.name, a.name)]:
+                if (b2.name, a.name) in allowed and oa - ob >= allowed[(b2.name, a.name)]:
                     continue
-                bad.append(f"{a.name} [{oa}, {oa + a.size}) overlaps {b.name} [{ob}, {ob + b.size})")
+                bad.append(f"{a.name} [{oa}, {oa + a.size}) overlaps {b2.name} [{ob}, {ob + b2.size})")
+        live.append(b)
     return bad
 
 
-def _fits(b, off, placed, offsets, rel):
-    for p in placed:
-        if not b.lives_with(p) or p.size == 0:
-            continue
-        op = offsets[p.name]
-        if off < op + p.size and op < off + b.size:
-            s = rel.get((b.name, p.name))     # b is the output that may overwrite input p
-            if s is not None and op - off >= s:
-                continue
-            s = rel.get((p.name, b.name))     # p is the output that may overwrite input b
-            if s is not None and off - op >= s:
-                continue
-            return False
-    return True
-
-
 def _greedy(order, aliases):
-    rel = {(a.out, a.inp): a.min_shift for a in aliases}
-    offsets, placed = {}, []
+    """Place the buffers of ``order`` one after the other, each at the lowest candidate offset
+    (0, just above a live placed buffer, or where an in-place hint allows) where it overlaps no
+    live placed buffer other than as an in-place hint allows. The placed buffers live in NumPy
+    arrays, so one placement costs a few vector operations (long unrolled models have thousands
+    of buffers)."""
+    rel = {}
+    for a in aliases:                      # name -> [(other, min shift, b is the output)]
+        rel.setdefault(a.out, []).append((a.inp, a.min_shift, True))
+        rel.setdefault(a.inp, []).append((a.out, a.min_shift, False))
+    n = len(order)
+    pf, pl, po, pe = (np.zeros(n, np.int64) for _ in range(4))   # first, last, offset, end of placed
+    where, m, offsets = {}, 0, {}
     for b in order:
         if b.size == 0:
             offsets[b.name] = 0
             continue
-        cands = {0}
-        for p in placed:
-            if not b.lives_with(p):
+        live = np.flatnonzero((pf[:m] <= b.last) & (pl[:m] >= b.first))
+        lo, le = po[live], pe[live]
+        cands = [np.zeros(1, np.int64), -(-le // b.align) * b.align]
+        allowed = []                                 # (index in live, lowest ok, highest ok offset for b)
+        for other, shift, b_out in rel.get(b.name, ()):
+            j = where.get(other)
+            if j is None or not (pf[j] <= b.last and pl[j] >= b.first):
                 continue
-            op = offsets[p.name]
-            cands.add(_align_up(op + p.size, b.align))
-            if (b.name, p.name) in rel:
-                cands.add(max(0, _align_down(op - rel[(b.name, p.name)], b.align)))
-            if (p.name, b.name) in rel:
-                cands.add(_align_up(op + rel[(p.name, b.name)], b.align))
-        for off in sorted(cands):
-            if _fits(b, off, placed, offsets, rel):
-                offsets[b.name] = off
-                break
-        placed.append(b)
+            i = int(np.searchsorted(live, j))
+            if b_out:     # b may start ``shift`` bytes or more below the input it overwrites
+                cands.append(np.array([max(0, _align_down(int(po[j]) - shift, b.align))]))
+                allowed.append((i, None, int(po[j]) - shift))
+            else:         # the output other may start ``shift`` bytes or more below b
+                cands.append(np.array([-(-(int(po[j]) + shift) // b.align) * b.align]))
+                allowed.append((i, int(po[j]) + shift, None))
+        cand = np.unique(np.concatenate(cands))
+        clash = (cand[:, None] < le[None, :]) & (lo[None, :] < cand[:, None] + b.size)
+        for i, low, high in allowed:
+            ok = (cand >= low) if low is not None else (cand <= high)
+            clash[:, i] &= ~ok
+        off = int(cand[np.flatnonzero(~clash.any(axis=1))[0]])
+        offsets[b.name] = off
+        pf[m], pl[m], po[m], pe[m] = b.first, b.last, off, off + b.size
+        where[b.name] = m
+        m += 1
     peak = max((offsets[b.name] + b.size for b in order), default=0)
     return offsets, peak
 
@@ -221,9 +236,9 @@ def plan(buffers, aliases=(), strategies=None, random_orders=32, seed=0, arena_a
             raise ValueError(f"buffer {b.name}: bad size or lifetime ({b.size} B, [{b.first}, {b.last}])")
     known = set(names)
     aliases = [a for a in aliases if a.out in known and a.inp in known]
+    by_name = {b.name: b for b in buffers}
     for a in aliases:
-        bo = next(b for b in buffers if b.name == a.out)
-        bi = next(b for b in buffers if b.name == a.inp)
+        bo, bi = by_name[a.out], by_name[a.inp]
         if bi.last != bo.first:
             raise ValueError(f"in-place hint {a.out} <- {a.inp}: {a.inp} must die where {a.out} is born")
     best = None
