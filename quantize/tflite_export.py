@@ -20,8 +20,10 @@ from kiln.frontend.ops.tflite_util import ExportError
 from kiln.frontend.registry import get_op, tflite_int8_versions
 from kiln.frontend.types import TensorType
 
+from . import tflite_variables
+
 _TYPE = {"float32": 0, "float16": 1, "int32": 2, "uint8": 3, "int64": 4, "bool": 6, "int16": 7, "int8": 9,
-         "float64": 10}
+         "float64": 10, "resource": 13}
 def _tfl():
     import tflite
     return tflite
@@ -66,6 +68,9 @@ class _Exporter:
         self.opcodes = {}          # opname -> index
         self.int8_ops = set()      # opnames used with int8 tensors (need newer op versions)
         self.skip = set()          # nodes not to write (fused, or covered by an earlier exporter)
+        self.variables = {}        # graph state -> its resource handle tensor (tflite_variables.py)
+        self.subgraphs = []        # further subgraphs (_Exporters sharing the opcodes), e.g. CALL_ONCE's
+        self.name = graph.name
 
     # ---- tensors --------------------------------------------------------------------------
     def tensor(self, name, ttype: TensorType, data=None):
@@ -78,10 +83,13 @@ class _Exporter:
         return self.index[name]
 
     def value(self, v):
-        """Tensor index of Kiln value v (constants get their data)."""
+        """Tensor index of Kiln value v (constants get their data; a graph state that no op's
+        exporter carries itself is read from a resource variable, tflite_variables.py)."""
         if v in self.index:
             return self.index[v]
         g = self.g
+        if v in g.states:
+            return tflite_variables.read(self, v)
         data = g.consts.get(v, g.params.get(v))
         return self.tensor(v, g.types[v], None if data is None else np.asarray(data))
 
@@ -95,6 +103,13 @@ class _Exporter:
             name = f"{base}_{i}"
             i += 1
         return name
+
+    def subgraph(self, name):
+        """A further subgraph sharing this model's opcodes: (its exporter, its subgraph index)."""
+        sub = _Exporter(self.g)
+        sub.opcodes, sub.int8_ops, sub.name, sub.inputs, sub.outputs = self.opcodes, self.int8_ops, name, [], []
+        self.subgraphs.append(sub)
+        return sub, len(self.subgraphs)
 
     def op(self, opname, inputs, outputs, options=None, int8=False, **fields):
         self.opcodes.setdefault(opname, len(self.opcodes))
@@ -127,6 +142,7 @@ class _Exporter:
             self.node(n, act, out)
         self.inputs = [self.index[i] for i in g.inputs]
         self.outputs = [self.value(o) for o in g.outputs]
+        tflite_variables.finish(self)
 
     def node(self, n, act, out):
         """Write one node through its op's exporter (frontend/ops: ``OpDef.tflite``)."""
@@ -142,50 +158,8 @@ class _Exporter:
     def build(self) -> bytes:
         t = _tfl()
         b = flatbuffers.Builder(1024)
-        # buffers: 0 is the empty sentinel
-        buf_offs = [_table(b, "Buffer")]
-        tensor_buf = []
-        for td in self.tensors:
-            if td["data"] is None:
-                tensor_buf.append(0)
-                continue
-            arr = np.ascontiguousarray(np.asarray(td["data"]).astype(np.dtype(td["dtype"]).newbyteorder("<")))
-            data = _bytes16(b, arr.tobytes())
-            buf_offs.append(_table(b, "Buffer", Data=data))
-            tensor_buf.append(len(buf_offs) - 1)
-        ten_offs = []
-        for k, td in enumerate(self.tensors):
-            name = b.CreateString(td["name"])
-            shape = _ivec(b, td["shape"])
-            quant = None
-            q = td["quant"]
-            if q is not None:
-                sc = b.CreateNumpyVector(np.asarray(q.scale, np.float32))
-                zp = b.CreateNumpyVector(np.asarray(q.zero_point, np.int64))
-                quant = _table(b, "QuantizationParameters", Scale=sc, ZeroPoint=zp,
-                               QuantizedDimension=int(q.axis or 0))
-            ten_offs.append(_table(b, "Tensor", Shape=shape, Type=_TYPE[td["dtype"]], Buffer=tensor_buf[k],
-                                   Name=name, Quantization=quant, IsVariable=True if td.get("variable") else None))
-        op_offs = []
-        for opname, ins, outs, opts_name, fields in self.ops:
-            fields = dict(fields)
-            inter = fields.pop("intermediates", None)      # LSTM: the converter's intermediate tensors
-            custom = fields.pop("custom_options", None)    # a CUSTOM:<code> op's flexbuffer options
-            opts = None
-            if opts_name is not None:
-                vec_fields = {}
-                for k, v in list(fields.items()):
-                    if isinstance(v, list):
-                        vec_fields[k] = _ivec(b, v)
-                        del fields[k]
-                opts = _table(b, opts_name, **fields, **vec_fields)
-            iv, ov = _ivec(b, ins), _ivec(b, outs)
-            op_offs.append(_table(b, "Operator", OpcodeIndex=self.opcodes[opname], Inputs=iv, Outputs=ov,
-                                  BuiltinOptionsType=getattr(t.BuiltinOptions, opts_name) if opts_name else None,
-                                  BuiltinOptions=opts, Intermediates=_ivec(b, inter) if inter else None,
-                                  CustomOptions=b.CreateByteVector(custom) if custom is not None else None))
-        sg = _table(b, "SubGraph", Tensors=_offvec(b, ten_offs), Inputs=_ivec(b, self.inputs),
-                    Outputs=_ivec(b, self.outputs), Operators=_offvec(b, op_offs), Name=b.CreateString(self.g.name))
+        buf_offs = [_table(b, "Buffer")]        # buffers: 0 is the empty sentinel
+        sgs = [_subgraph(b, ex, buf_offs) for ex in [self, *self.subgraphs]]
         codes = []
         versions = tflite_int8_versions()
         for opname in sorted(self.opcodes, key=self.opcodes.get):
@@ -198,10 +172,58 @@ class _Exporter:
             ver = versions.get(opname, 1) if opname in self.int8_ops else 1
             codes.append(_table(b, "OperatorCode", DeprecatedBuiltinCode=min(code, 127), BuiltinCode=code, Version=ver))
         desc = b.CreateString("Kiln")
-        model = _table(b, "Model", Version=3, OperatorCodes=_offvec(b, codes), Subgraphs=_offvec(b, [sg]),
+        model = _table(b, "Model", Version=3, OperatorCodes=_offvec(b, codes), Subgraphs=_offvec(b, sgs),
                        Description=desc, Buffers=_offvec(b, buf_offs))
         b.Finish(model, file_identifier=b"TFL3")
         return bytes(b.Output())
+
+
+def _subgraph(b, ex, buf_offs):
+    """Serialise exporter ``ex``'s tensors and operators as one SubGraph (its constants' buffers
+    appended to ``buf_offs``)."""
+    t = _tfl()
+    tensor_buf = []
+    for td in ex.tensors:
+        if td["data"] is None:
+            tensor_buf.append(0)
+            continue
+        arr = np.ascontiguousarray(np.asarray(td["data"]).astype(np.dtype(td["dtype"]).newbyteorder("<")))
+        data = _bytes16(b, arr.tobytes())
+        buf_offs.append(_table(b, "Buffer", Data=data))
+        tensor_buf.append(len(buf_offs) - 1)
+    ten_offs = []
+    for k, td in enumerate(ex.tensors):
+        name = b.CreateString(td["name"])
+        shape = _ivec(b, td["shape"])
+        quant = None
+        q = td["quant"]
+        if q is not None:
+            sc = b.CreateNumpyVector(np.asarray(q.scale, np.float32))
+            zp = b.CreateNumpyVector(np.asarray(q.zero_point, np.int64))
+            quant = _table(b, "QuantizationParameters", Scale=sc, ZeroPoint=zp,
+                           QuantizedDimension=int(q.axis or 0))
+        ten_offs.append(_table(b, "Tensor", Shape=shape, Type=_TYPE[td["dtype"]], Buffer=tensor_buf[k],
+                               Name=name, Quantization=quant, IsVariable=True if td.get("variable") else None))
+    op_offs = []
+    for opname, ins, outs, opts_name, fields in ex.ops:
+        fields = dict(fields)
+        inter = fields.pop("intermediates", None)      # LSTM: the converter's intermediate tensors
+        custom = fields.pop("custom_options", None)    # a CUSTOM:<code> op's flexbuffer options
+        opts = None
+        if opts_name is not None:
+            ref_fields = {}                             # vectors and strings: built before the table
+            for k, v in list(fields.items()):
+                if isinstance(v, (list, str)):
+                    ref_fields[k] = b.CreateString(v) if isinstance(v, str) else _ivec(b, v)
+                    del fields[k]
+            opts = _table(b, opts_name, **fields, **ref_fields)
+        iv, ov = _ivec(b, ins), _ivec(b, outs)
+        op_offs.append(_table(b, "Operator", OpcodeIndex=ex.opcodes[opname], Inputs=iv, Outputs=ov,
+                              BuiltinOptionsType=getattr(t.BuiltinOptions, opts_name) if opts_name else None,
+                              BuiltinOptions=opts, Intermediates=_ivec(b, inter) if inter else None,
+                              CustomOptions=b.CreateByteVector(custom) if custom is not None else None))
+    return _table(b, "SubGraph", Tensors=_offvec(b, ten_offs), Inputs=_ivec(b, ex.inputs),
+                  Outputs=_ivec(b, ex.outputs), Operators=_offvec(b, op_offs), Name=b.CreateString(ex.name))
 
 
 def export_tflite(graph, path=None) -> bytes:

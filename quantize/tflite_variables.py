@@ -1,0 +1,57 @@
+"""Graph states exported as TFLite resource variables (the form the importer reads back,
+frontend/ops/variables.py).
+
+A state that an op's exporter carries itself (a stateful LSTM's or SVDF's variable tensors) never
+reaches here. Any other state, e.g. a streaming model's ring buffer or a running counter, is read
+where it is first used (VAR_HANDLE + READ_VARIABLE, named by the state) and assigned its next
+value after the main subgraph's last operator (ASSIGN_VARIABLE); a CALL_ONCE, the main subgraph's
+first operator, runs an initialisation subgraph that assigns each variable its reset value (the
+state constant). LiteRT keeps the variables between invocations, as Kiln's ``graph.states`` do.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.frontend.ops.tflite_util import ExportError
+
+
+def _handle(e, state):
+    """A resource (variable handle) tensor for ``state`` and the VAR_HANDLE that sets it."""
+    name = e._fresh(f"{state}/handle")
+    e.tensors.append(dict(name=name, shape=(), dtype="resource", quant=None, data=None))
+    e.index[name] = len(e.tensors) - 1
+    e.op("VAR_HANDLE", [], [e.index[name]], "VarHandleOptions", SharedName=state)
+    return e.index[name]
+
+
+def read(e, state):
+    """Tensor index of graph state ``state``'s current value: READ_VARIABLE of its variable."""
+    h = _handle(e, state)
+    e.variables[state] = h
+    out = e.tensor(state, e.g.types[state])
+    e.op("READ_VARIABLE", [h], [out])
+    return out
+
+
+def finish(e):
+    """After the main subgraph's operators: assign each variable its next value, and write the
+    initialisation subgraph (the reset values) with the CALL_ONCE that runs it."""
+    if not e.variables:
+        return
+    g = e.g
+    init, index = e.subgraph(f"{g.name}_init")
+    for state, h in e.variables.items():
+        nxt = g.states[state]
+        if nxt in e.skip:
+            raise ExportError(f"graph state {state!r}: it is read by a node other than the op that carries it "
+                              f"(its next value {nxt!r} is written as that op's variable tensor); TFLite cannot "
+                              f"share one state between an op's variable tensor and a resource variable")
+        e.op("ASSIGN_VARIABLE", [h, e.value(nxt)], [])
+        t, reset = g.types[state], g.consts.get(state, g.params.get(state))
+        if reset is None:
+            raise ExportError(f"graph state {state!r} has no reset value: a state must be a constant (or a "
+                              f"parameter) holding the value it starts from")
+        c = init.const(f"{state}/reset", np.asarray(reset).astype(t.dtype).reshape(t.shape), t.quant)
+        init.op("ASSIGN_VARIABLE", [_handle(init, state), c], [])
+    e.op("CALL_ONCE", [], [], "CallOnceOptions", InitSubgraphIndex=index)
+    e.ops.insert(0, e.ops.pop())
