@@ -85,9 +85,11 @@ class _Exporter:
     def value(self, v):
         """Tensor index of Kiln value v (constants get their data; a graph state that no op's
         exporter carries itself is read from a resource variable, tflite_variables.py)."""
-        if v in self.index:
-            return self.index[v]
         g = self.g
+        if v in self.index:
+            if v in g.states and self.tensors[self.index[v]].get("variable"):
+                tflite_variables.refuse_shared(v)
+            return self.index[v]
         if v in g.states:
             return tflite_variables.read(self, v)
         data = g.consts.get(v, g.params.get(v))
@@ -129,6 +131,7 @@ class _Exporter:
                 spec = get_op(src.op).tflite if src is not None else None
                 if (spec is not None and spec.fuses_activation
                         and len(cons[src.name]) == 1 and src.name not in g.outputs and src.name not in fused
+                        and src.name not in g.states.values()
                         and g.types[src.name].quant == g.types[n.name].quant
                         and g.types[src.name].dtype == g.types[n.name].dtype):
                     fused[src.name] = (n.op, n.name)

@@ -24,6 +24,14 @@ def _handle(e, state):
     return e.index[name]
 
 
+def refuse_shared(state):
+    """A state that an op carries as its own variable tensor (SVDF, stateful LSTM) is also read by
+    another node: LiteRT would give that node the op's updated tensor, not the state it started from."""
+    raise ExportError(f"graph state {state!r}: it is read by a node other than the op that carries it as its "
+                      f"own variable tensor (SVDF, stateful LSTM); TFLite cannot share one state between an op's "
+                      f"variable tensor and another reader: read the op's output instead")
+
+
 def read(e, state):
     """Tensor index of graph state ``state``'s current value: READ_VARIABLE of its variable."""
     h = _handle(e, state)
@@ -40,12 +48,11 @@ def finish(e):
         return
     g = e.g
     init, index = e.subgraph(f"{g.name}_init")
+    written = {o for op in e.ops for o in op[2]}
     for state, h in e.variables.items():
         nxt = g.states[state]
-        if nxt in e.skip:
-            raise ExportError(f"graph state {state!r}: it is read by a node other than the op that carries it "
-                              f"(its next value {nxt!r} is written as that op's variable tensor); TFLite cannot "
-                              f"share one state between an op's variable tensor and a resource variable")
+        if e.index.get(nxt) not in written and nxt not in g.inputs:
+            refuse_shared(state)
         e.op("ASSIGN_VARIABLE", [h, e.value(nxt)], [])
         t, reset = g.types[state], g.consts.get(state, g.params.get(state))
         if reset is None:

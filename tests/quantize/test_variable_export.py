@@ -10,7 +10,8 @@ from kiln.frontend import executor
 from kiln.frontend.graph import Graph
 from kiln.frontend.tflite_import import load_tflite
 from kiln.frontend.types import QParams, TensorType
-from kiln.quantize import export_tflite
+from kiln.quantize import ExportError, export_tflite
+from tests.frontend.svdf_util import svdf_graph
 from tests.frontend.test_variables import _inputs, litert_stream, model
 
 
@@ -113,3 +114,39 @@ def test_kiln_state_int8():
     out = export_tflite(g)
     _same(litert_stream(out, xs), want, "int8")
     _same(_stream(load_tflite(out), xs), want, "int8")
+
+
+def test_state_shared_with_svdf_is_refused():
+    """An SVDF carries its state as its own variable tensor; another reader of that state would
+    need a resource variable too, which TFLite cannot tie to the SVDF's tensor."""
+    g = svdf_graph(1, 2, 4, 2, 1)
+    g.add_node("relu", ["st"], name="st_seen")
+    g.outputs.append("st_seen")
+    with pytest.raises(ExportError, match="graph state 'st': it is read by a node other than the op that carries"):
+        export_tflite(g.validate())
+
+
+def test_state_shared_with_svdf_read_first_is_refused():
+    g = svdf_graph(1, 2, 4, 2, 1)
+    g.add_node("relu", ["st"], name="st_seen")
+    g.nodes.insert(0, g.nodes.pop())             # the other reader comes before the svdf
+    g.outputs.append("st_seen")
+    with pytest.raises(ExportError, match="graph state 'st': it is read by a node other than the op that carries"):
+        export_tflite(g.validate())
+
+
+def test_state_update_before_relu_is_not_fused():
+    """acc <- x + acc, y = relu(x + acc): the sum is the state's next value, so the relu is not
+    folded into the ADD (whose output would then be the clamped value)."""
+    g = Graph("relu_acc")
+    g.add_input("x", TensorType((1, 4), "float32"))
+    g.add_const("acc", np.asarray([[0.5, -1.0, 2.0, -0.25]], np.float32))
+    g.add_node("add", ["x", "acc"], name="s")
+    g.add_node("relu", ["s"], name="y")
+    g.states["acc"] = "s"
+    g.outputs = ["y"]
+    xs = [x.reshape(1, 4) for x in _frames(5)]
+    want = _stream(g.validate(), xs)
+    out = export_tflite(g)
+    _same(litert_stream(out, xs), want, "float32")
+    _same(_stream(load_tflite(out), xs), want, "float32")
