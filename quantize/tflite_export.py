@@ -6,7 +6,8 @@ depthwise ``[C*M, KH, KW, 1]`` back to ``[1, KH, KW, C*M]``, explicit conv paddi
 a VALID conv) lives with the op's definition (``OpDef.tflite``, frontend/ops). A
 ``relu``/``relu6`` node that only clamps (same quantisation as its input) right after an op that
 fuses activations (ADD, MUL, pooling, CONCATENATION) is folded into its
-``fused_activation_function``.
+``fused_activation_function``. Graph states that no op carries as its own variable tensor become
+resource variables with a CALL_ONCE initialisation subgraph (tflite_variables.py).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ frontend/ops/variables.py).
 
 A state that an op's exporter carries itself (a stateful LSTM's or SVDF's variable tensors) never
 reaches here. Any other state, e.g. a streaming model's ring buffer or a running counter, is read
-where it is first used (VAR_HANDLE + READ_VARIABLE, named by the state) and assigned its next
+where it is first used (VAR_HANDLE + READ_VARIABLE, named by the state: ``shared_name``) and assigned its next
 value after the main subgraph's last operator (ASSIGN_VARIABLE); a CALL_ONCE, the main subgraph's
 first operator, runs an initialisation subgraph that assigns each variable its reset value (the
 state constant). LiteRT keeps the variables between invocations, as Kiln's ``graph.states`` do.
@@ -15,12 +15,18 @@ import numpy as np
 from kiln.frontend.ops.tflite_util import ExportError
 
 
+def shared_name(g, state):
+    """The variable's name: the state's, less the ``var_`` the importer prefixes (so a model
+    re-exported after import keeps its variables' names) where no other state has that name."""
+    return state[4:] if state.startswith("var_") and len(state) > 4 and state[4:] not in g.states else state
+
+
 def _handle(e, state):
     """A resource (variable handle) tensor for ``state`` and the VAR_HANDLE that sets it."""
     name = e._fresh(f"{state}/handle")
     e.tensors.append(dict(name=name, shape=(), dtype="resource", quant=None, data=None))
     e.index[name] = len(e.tensors) - 1
-    e.op("VAR_HANDLE", [], [e.index[name]], "VarHandleOptions", SharedName=state)
+    e.op("VAR_HANDLE", [], [e.index[name]], "VarHandleOptions", SharedName=shared_name(e.g, state))
     return e.index[name]
 
 

@@ -51,8 +51,9 @@ def test_imported_variables_round_trip(dtype, read_after_assign):
     want = litert_stream(buf, xs)
     _same(litert_stream(out, xs), want, dtype)
     h = load_tflite(out)
-    assert len(h.states) == 1
+    assert list(h.states) == list(g.states)                             # the variable keeps its name
     _same(_stream(h, xs), want, dtype)
+    assert export_tflite(h) == out
 
 
 def ring_graph():
@@ -150,3 +151,49 @@ def test_state_update_before_relu_is_not_fused():
     out = export_tflite(g)
     _same(litert_stream(out, xs), want, "float32")
     _same(_stream(load_tflite(out), xs), want, "float32")
+
+
+def test_svdf_state_beside_a_variable():
+    """An SVDF keeps its state as its variable tensor while another state (the previous input)
+    becomes a resource variable, in one model."""
+    import tflite
+    g = svdf_graph(1, 3, 4, 2, 1, dtype="float32")
+    g.add_const("prev", np.full((1, 3), 0.5, np.float32))
+    g.add_node("reshape", ["x"], {"shape": [1, 3]}, name="prev_next")
+    g.add_node("sub", ["x", "prev"], name="dx")
+    g.states["prev"] = "prev_next"
+    g.outputs.append("dx")
+    xs = [np.random.default_rng(k).standard_normal((1, 3)).astype(np.float32) for k in range(5)]
+    want = _stream(g.validate(), xs)
+    out = export_tflite(g)
+    m = tflite.Model.GetRootAsModel(out, 0)
+    main = m.Subgraphs(0)
+    assert sum(main.Tensors(i).IsVariable() for i in range(main.TensorsLength())) == 1
+    assert _ops(out, 1) == [tflite.BuiltinOperator.VAR_HANDLE, tflite.BuiltinOperator.ASSIGN_VARIABLE]
+    got = litert_stream(out, xs)
+    for u, v in zip(got, want):
+        np.testing.assert_allclose(u[0], v[0], rtol=1e-5, atol=1e-6)     # SVDF: LiteRT's float sums
+        np.testing.assert_allclose(u[1], v[1], rtol=0, atol=1e-6)
+    h = load_tflite(out)
+    assert len(h.states) == 2
+    _same(_stream(h, xs), want, "float32")
+
+
+def test_two_states_keep_distinct_variables():
+    """States 'acc' and 'var_acc' (the importer's name for a variable 'acc') stay two variables."""
+    g = Graph("two")
+    g.add_input("x", TensorType((1, 4), "float32"))
+    g.add_const("acc", np.ones((1, 4), np.float32))
+    g.add_const("var_acc", np.full((1, 4), -2.0, np.float32))
+    g.add_node("add", ["x", "acc"], name="a")
+    g.add_node("mul", ["x", "var_acc"], name="b")
+    g.add_node("sub", ["a", "b"], name="y")
+    g.states.update({"acc": "a", "var_acc": "b"})
+    g.outputs = ["y"]
+    xs = [x.reshape(1, 4) for x in _frames(5)]
+    want = _stream(g.validate(), xs)
+    out = export_tflite(g)
+    _same(litert_stream(out, xs), want, "float32")
+    h = load_tflite(out)
+    assert len(h.states) == 2
+    _same(_stream(h, xs), want, "float32")
