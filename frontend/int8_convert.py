@@ -165,9 +165,12 @@ class _Converter:
         return qv
 
     def const(self, v, dt):
-        """An activation-like constant operand (add/mul): per tensor with its own range."""
+        """An activation-like constant operand (add/mul): per tensor with its own range. A graph
+        state (its reset value) is read as an activation: its range covers the reset value and the
+        calibrated range of the state's next value (what later runs read)."""
         a = np.asarray(self.tensors[v], np.float64)
-        qq = _ACT[dt][1](float(a.min(initial=0.0)), float(a.max(initial=0.0)))
+        lo, hi = self.ranges.get(self.g.states.get(v), (0.0, 0.0))
+        qq = _ACT[dt][1](min(lo, float(a.min(initial=0.0))), max(hi, float(a.max(initial=0.0))))
         s, z = qq.scale[0], qq.zero_point[0]
         data = np.clip(np.round(a / s) + z, np.iinfo(dt).min, np.iinfo(dt).max).astype(dt)
         return self.put(v, dt, self.q.add_const(self.q.fresh(v + "_q"), data, qq), qq)
@@ -229,6 +232,15 @@ class _Converter:
         self.put(n.name, out_dt, self.q.add_node(n.op, inputs, n.attrs, name=n.name,
                                                  out_type=TensorType(out_t.shape, out_dt, oq)), oq)
 
+    def keep_states(self):
+        """Graph states read as activations (``const``; an LSTM's or SVDF's own states are kept by
+        their rules) stay states of the quantised graph: the next value is requantised to the
+        state's quantisation where the two differ, since the next run reads it as the state."""
+        for s, nxt in self.g.states.items():
+            for dt in _ACT:
+                if (s, dt) in self.env and self.env[(s, dt)] not in self.q.states:
+                    self.q.states[self.env[(s, dt)]] = self.requant(nxt, dt, self.qp[(s, dt)])
+
     def run(self, int_io, name):
         g, dt = self.g, self.default
         self.q = q = Graph(name)
@@ -244,6 +256,7 @@ class _Converter:
                                            name=q.fresh(i + "_quant"), out_type=TensorType(t.shape, dt, qq)), qq)
         for n in g.nodes:
             self.node(n)
+        self.keep_states()
         for o in g.outputs:
             v = self.env[(o, self.home[o])]
             if int_io:
