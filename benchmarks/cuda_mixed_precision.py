@@ -33,11 +33,14 @@ def run_case(graph, inputs, want, peer, dtype, precision, workdir):
     got = cuda_plan.interpret_plan(pkg, inputs)
     m = cuda.load_manifest(pkg)
     errs = cuda_sim.errors64(graph, got, want)
-    bound = {k: max(cuda_sim.TOLERANCE64[dtype], cuda_sim.PEER_FACTOR * v) for k, v in peer.items()}
-    worst = max(errs, key=lambda k: errs[k] / bound[k])
     p = m.extra.get("precision", {})
+    floor = cuda_sim.rounding_floor64(graph, inputs, want, None, dtype, storage=p.get("storage"))
+    bound = {k: max(cuda_sim.TOLERANCE64[dtype], cuda_sim.PEER_FACTOR * v,
+                    min(cuda_sim.FLOOR_CAP, cuda_sim.PEER_FACTOR * floor[k]))
+             for k, v in peer.items()}
+    worst = max(errs, key=lambda k: errs[k] / bound[k])
     return {"dtype": dtype, "precision": precision, "loss_scale": p.get("loss_scale"), "max_err": max(errs.values()),
-            "worst": worst, "worst_err": errs[worst], "bound": bound[worst],
+            "worst": worst, "worst_err": errs[worst], "bound": bound[worst], "floor": max(floor.values()),
             "ok": all(errs[k] <= bound[k] for k in errs), "arena_bytes": m.arena_bytes,
             "weights_bytes": m.weights_bytes, "compile_s": round(t1 - t0, 1),
             "run_s": round(time.perf_counter() - t1, 1)}
@@ -67,7 +70,7 @@ def main(argv=None):
         for model in a.models.split(","):
             graph, inputs = zoo_case(model, a.batch, True)
             want, _ = cuda_sim.reference64(graph, inputs)
-            _, peer = cuda_sim.bounds64(graph, inputs, want, None, "float16")
+            _, peer, _ = cuda_sim.bounds64(graph, inputs, want, None, "float32")
             for dtype in a.dtypes.split(","):
                 for precision in a.precisions.split(","):
                     rows.append(dict(model=model, **run_case(graph, inputs, want, peer, dtype, precision, work)))

@@ -77,7 +77,7 @@ def prepare(out, models, cases, dtypes):
             batch, train = cuda_sim_zoo.CASES[c]
             graph, inputs = cuda_sim_zoo.zoo_case(m, batch, train)
             want, upd = cuda_sim.reference64(graph, inputs)
-            _, peer = cuda_sim.bounds64(graph, inputs, want, upd, "float32")
+            _, peer, _ = cuda_sim.bounds64(graph, inputs, want, upd, "float32")
             data = os.path.join(out, f"{m}-{c}")           # shared by the case's dtypes
             os.makedirs(data, exist_ok=True)
             np.savez(os.path.join(data, "inputs.npz"), **{f"in{i}": x for i, x in enumerate(inputs)})
@@ -87,6 +87,8 @@ def prepare(out, models, cases, dtypes):
                 name = f"{m}-{c}-{dt}"
                 pkg = os.path.join(out, name)
                 (cuda.compile_train_step if train else cuda.compile)(graph, pkg, dtype=dt, check=False)
+                floor = None if dt == "float32" else cuda_sim.rounding_floor64(graph, inputs, want, upd, dt,
+                                                                               storage=cuda_sim.storage_map(pkg))
                 for f in ("groups.json", "scheduled.json", "kernels.cl"):     # not read by the runner
                     if os.path.exists(os.path.join(pkg, f)):
                         os.remove(os.path.join(pkg, f))
@@ -94,8 +96,10 @@ def prepare(out, models, cases, dtypes):
                 listed.append({"case": name, "data": f"{m}-{c}", "model": m, "batch": batch, "train": train,
                                "dtype": dt, "outputs": list(graph.outputs) + [f"update:{b}" for b in upd],
                                "gradients": cuda_sim.gradient_outputs(graph),
-                               "tolerance": cuda_sim.TOLERANCE64[dt], "float32_errors": peer,
-                               "bounds": {k: max(cuda_sim.TOLERANCE64[dt], cuda_sim.PEER_FACTOR * v)
+                               "tolerance": cuda_sim.TOLERANCE64[dt], "float32_errors": peer, "rounding_floor": floor,
+                               "bounds": {k: max(cuda_sim.TOLERANCE64[dt], cuda_sim.PEER_FACTOR * v,
+                                                 min(cuda_sim.FLOOR_CAP,
+                                                     cuda_sim.PEER_FACTOR * (floor[k] if floor else 0.0)))
                                           for k, v in peer.items()}})
                 print(name, file=sys.stderr, flush=True)
     with open(os.path.join(out, "cases.json"), "w") as f:

@@ -154,6 +154,6 @@ def test_zoo_mixed_precision_step_within_its_float64_bound(tmp_path, model, dtyp
     from benchmarks import cuda_mixed_precision, cuda_sim_zoo
     graph, inputs = cuda_sim_zoo.zoo_case(model, 64, True)
     want, _ = cuda_sim.reference64(graph, inputs)
-    _, peer = cuda_sim.bounds64(graph, inputs, want, None, dtype)
+    _, peer, _ = cuda_sim.bounds64(graph, inputs, want, None, "float32")
     r = cuda_mixed_precision.run_case(graph, inputs, want, peer, dtype, "mixed", str(tmp_path))
     assert r["ok"] and r["precision"] == "mixed", r

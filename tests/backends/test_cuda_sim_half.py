@@ -148,3 +148,42 @@ def test_kiln_verify_float16_package_on_cuda_sim(tmp_path, mlp, capsys):
     rc = main(["verify", pkg, "--golden", str(tmp_path / "g.npz"), "--target", "cuda-sim", "--json"])
     rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and rep["ok"], rep
+
+
+def _cancelling_graph():
+    """y = (x - c) * 1000 with x near c: rounding x to float16 (2^-11 relative) moves y by O(1) of
+    its scale, however exactly the package computes; ill-conditioned at half precision."""
+    from kiln.frontend import Graph, TensorType
+    g = Graph("cancel")
+    g.add_input("x", TensorType((1, 64), "float32"))
+    g.add_const("c", np.full((1, 64), 1.0001, np.float32))
+    g.add_const("k", np.full((1, 64), 1000.0, np.float32))
+    g.add_node("sub", ["x", "c"], {}, name="d")
+    g.add_node("mul", ["d", "k"], {}, name="y")
+    g.outputs = ["y"]
+    x = (1.0001 + np.random.default_rng(0).uniform(-3e-3, 3e-3, (1, 64))).astype(np.float32)
+    return g, x
+
+
+def test_rounding_floor_measures_what_half_inputs_alone_cost():
+    g, x = _cancelling_graph()
+    want, _ = cuda_sim.reference64(g, [x])
+    floor16 = cuda_sim.rounding_floor64(g, [x], want, None, "float16")["y"]
+    floor32 = cuda_sim.rounding_floor64(g, [x], want, None, "float32")["y"]
+    assert 0.05 < floor16 < 0.5 and floor32 == 0.0     # float32 values are not rounded
+    keep = cuda_sim.rounding_floor64(g, [x], want, None, "float16", storage={"x": "float32", "c": "float32"})
+    assert keep["y"] == 0.0                        # values the package keeps in float32 are not rounded
+    bound, _, floor = cuda_sim.bounds64(g, [x], want, None, "float16")
+    assert floor["y"] == floor16 and bound["y"] == min(cuda_sim.FLOOR_CAP, 4 * floor16)
+
+
+def test_ill_conditioned_half_package_is_held_to_its_rounding_floor(tmp_path):
+    """The float16 package of the cancelling graph is far off float64 (its input rounded to half)
+    yet within PEER_FACTOR x the floor (at most FLOOR_CAP); a wrong result would not be."""
+    g, x = _cancelling_graph()
+    pkg = cuda.compile(g, str(tmp_path / "p"), dtype="float16", check=False)
+    r = cuda_sim.check64(pkg, g, [x])
+    assert r["ok"] and r["max_err"] > cuda_sim.TOLERANCE64["float16"], r
+    assert r["max_err"] <= 2 * r["rounding_floor"]["y"], r
+    want, _ = cuda_sim.reference64(g, [x])
+    assert cuda_sim.errors64(g, [-want[0]], want)["y"] > r["bound"]      # a sign error fails
