@@ -108,8 +108,13 @@ def test_one_trimmed_exp_table_per_softmax(softmax_pkg):
     kernels_c = (out / "kernels.c").read_text()
     assert "expsum" not in model_c and "expsum" not in kernels_c
     tables = dict(re.findall(r"static const int32_t c_(sm\d+)_exp\[(\d+)\]", model_c))
-    assert len(tables) == len(CASES), tables
+    # constant arrays are stored once by content: a softmax whose input scale an earlier one has
+    # reads that one's table (the last two cases repeat sm3's and sm4's scales)
+    first = {}
     for k, (scale, _) in enumerate(CASES):
+        first.setdefault(scale, k)
+    assert sorted(tables) == sorted(f"sm{k}" for k in first.values()), tables
+    for scale, k in first.items():
         n = expected_entries(scale)
         assert int(tables[f"sm{k}"]) == n, (scale, tables[f"sm{k}"], n)
         assert len(softmax_exp_table(*softmax_params(scale))[1]) == n
