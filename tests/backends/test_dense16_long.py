@@ -2,7 +2,6 @@
 kernel accumulates in int64 as LiteRT does and requantises with round(double(acc) * eff)
 (backends/ops_nn._fc_rq_double); equal to LiteRT's BUILTIN_REF, Kiln's reference, host C and the
 firmware on mps2-an386. Below the bound the int32 kernel stays."""
-import shutil
 
 import numpy as np
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from kiln.backends import compile as compile_pkg
 from kiln.frontend import Graph, TensorType, run, save
 from kiln.quantize.tflite_export import export_tflite
+from tests.firmware.helpers import need_qemu
 from tests.quantize.litert_util import assert_same, litert_run, q
 
 LIMIT = 2 ** 31 - 515 * 127 * 32768          # the bias that puts K = 515, |w| = 127 at 2**31
@@ -69,8 +69,7 @@ def test_dense_16x8_long_inputs_on_host_c(name, tmp_path):
 @pytest.mark.slow
 def test_dense_16x8_long_inputs_on_mps2_an386(tmp_path):
     """The int64 path on the Cortex-M4 (no double FPU: libgcc's soft double) = reference."""
-    if not shutil.which("arm-none-eabi-gcc") or not shutil.which("qemu-system-arm"):
-        pytest.skip("arm-none-eabi-gcc / qemu-system-arm not installed (bash scripts/setup.sh)")
+    need_qemu()
     from kiln import hil
     rng = np.random.default_rng(5)
     for name in ("k600_ties", "k3920"):

@@ -10,6 +10,7 @@ from kiln.backends import compile as compile_pkg
 from kiln.frontend import TensorType, run
 from kiln.frontend.ops import int16util
 from kiln.quantize.tflite_export import export_tflite
+from tests.firmware.helpers import need_qemu
 from tests.quantize.litert_util import assert_same, litert_run, q, single_op
 
 
@@ -47,9 +48,7 @@ def test_conv_16x8_wraps_as_litert(bias, depthwise, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_conv_16x8_wraps_on_mps2_an386(tmp_path):
     """The wrapping epilogue on the Cortex-M4 (uint64 product, int32 conversion) = LiteRT."""
-    import shutil
-    if not shutil.which("arm-none-eabi-gcc") or not shutil.which("qemu-system-arm"):
-        pytest.skip("arm-none-eabi-gcc / qemu-system-arm not installed (bash scripts/setup.sh)")
+    need_qemu()
     from kiln import hil
     from kiln.frontend import save
     rng = np.random.default_rng(9)
