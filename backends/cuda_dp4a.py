@@ -112,6 +112,20 @@ def _constants(k, node, n_out):
     return (w, np.asarray(b, np.int64)) if w.shape[1] <= MAX_REDUCTION else None
 
 
+def _folded_operands(k, node, n_out):
+    """(packed weights [O, R/4] int32, bias with the input zero point folded in, input zero
+    point) as kernel constants, or None when the weights are not symmetric int8 constants or the
+    folded bias leaves int32."""
+    wb = _constants(k, node, n_out)
+    if wb is None:
+        return None
+    zx = int(k.type(node.inputs[0]).quant.zero_point[0])
+    fold = folded_bias(wb[1], wb[0], zx)
+    if fold is None:
+        return None
+    return k.const("w4", pack_rows(wb[0])), k.const("bias_zx", fold), zx
+
+
 def _int8_io(k, node):
     return all(k.type(v).dtype == "int8" and k.type(v).quant is not None for v in (node.inputs[0], node.name))
 
@@ -127,14 +141,10 @@ def conv2d_acc(k, node, x):
     g, I, O, KH, KW = G["g"], G["I"], G["O"], G["KH"], G["KW"]
     if I == 1 and g == G["C"] and g > 1:
         return None                                     # depthwise
-    wb = _constants(k, node, O)
-    if wb is None:
+    ops = _folded_operands(k, node, O)
+    if ops is None:
         return None
-    zx = int(tx.quant.zero_point[0])
-    fold = folded_bias(wb[1], wb[0], zx)
-    if fold is None:
-        return None
-    wp, fb = k.const("w4", pack_rows(wb[0])), k.const("bias_zx", fold)
+    wp, fb, zx = ops
     Og, R = O // g, KH * KW * I
     padded = bool(G["pt"] or G["pb"] or G["pl"] or G["pr"])
 
@@ -177,14 +187,10 @@ def dense_acc(k, node, x):
     if not _int8_io(k, node):
         return None
     K, N, lead = tx.shape[-1], tw.shape[0], tuple(tx.shape[:-1])
-    wb = _constants(k, node, N)
-    if wb is None:
+    ops = _folded_operands(k, node, N)
+    if ops is None:
         return None
-    zx = int(tx.quant.zero_point[0])
-    fold = folded_bias(wb[1], wb[0], zx)
-    if fold is None:
-        return None
-    wp, fb = k.const("w4", pack_rows(wb[0])), k.const("bias_zx", fold)
+    wp, fb, _ = ops
     k4 = te.reduce_axis((0, -(-K // 4)), "k4")
 
     def term(i):
