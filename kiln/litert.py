@@ -33,11 +33,16 @@ def refuse_unsupported(path):
         g = load_model(path)
     except KilnError:
         return                      # LiteRT may still run what Kiln does not import
-    bad = [n.name for n in g.nodes if n.op == "svdf_state" and g.types[n.inputs[2]].dtype == "int8"]
+    bad = int8_state_svdfs(g)
     if bad:
         raise OracleUnsupported(f"{path}: SVDF {bad[0]!r} keeps an int8 state, which only TensorFlow Lite Micro runs: "
                           f"LiteRT's kernel reads it as int16 and corrupts memory; use Kiln's reference "
                           f"(--oracle reference)")
+
+
+def int8_state_svdfs(graph) -> list[str]:
+    """SVDF nodes keeping an int8 state (TFLite Micro's 8-bit SVDF), which LiteRT cannot run."""
+    return [n.name for n in graph.nodes if n.op == "svdf_state" and graph.types[n.inputs[2]].dtype == "int8"]
 
 
 def interpreter(path):

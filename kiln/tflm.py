@@ -23,6 +23,7 @@ import tflite
 
 from kiln.frontend.errors import KilnError
 from kiln.frontend.loader import load_model
+from kiln.litert import int8_state_svdfs
 
 
 class TflmError(KilnError):
@@ -36,9 +37,9 @@ def tflm_only(graph) -> str | None:
         if n.op == "lstm" and graph.types[n.inputs[0]].dtype in ("int8", "int16"):
             return (f"{n.name!r} is an {graph.types[n.inputs[0]].dtype} LSTM: LiteRT's integer LSTM differs from "
                     f"TensorFlow Lite Micro's, which Kiln follows")
-        if n.op == "svdf_state" and graph.types[n.inputs[2]].dtype == "int8":
-            return (f"SVDF {n.name!r} keeps an int8 state, which only TensorFlow Lite Micro runs (LiteRT reads it "
-                    f"as int16)")
+    svdfs = int8_state_svdfs(graph)
+    if svdfs:
+        return f"SVDF {svdfs[0]!r} keeps an int8 state, which only TensorFlow Lite Micro runs (LiteRT reads it as int16)"
     return None
 
 
@@ -86,11 +87,12 @@ def run_tflm(path, samples, stream=False) -> list[tuple]:
     return results
 
 
-def oracle_for(path) -> tuple[str, str | None]:
-    """("litert" | "tflm" | "reference", why) for a .tflite model: LiteRT unless the model has an op
-    where it differs from TFLite Micro; then TFLite Micro when installed, else Kiln's reference."""
+def oracle_for(path, graph=None) -> tuple[str, str | None]:
+    """("litert" | "tflm" | "reference", why) for a .tflite model (``graph``: the model already
+    loaded): LiteRT unless the model has an op where it differs from TFLite Micro; then TFLite
+    Micro when installed, else Kiln's reference."""
     try:
-        why = tflm_only(load_model(path))
+        why = tflm_only(graph if graph is not None else load_model(path))
     except KilnError:
         return "litert", None           # LiteRT may still run what Kiln does not import
     if why is None:

@@ -36,25 +36,28 @@ def add_arguments(p):
                         "differ: integer LSTM, int8 SVDF state; Kiln's reference for a Kiln graph)")
 
 
-def resolve(model, oracle="auto"):
-    """(oracle, why): ``auto`` resolved for ``model`` (why: the reason LiteRT is not asked, or None)."""
+def resolve(model, oracle="auto", graph=None):
+    """(oracle, why): ``auto`` resolved for ``model`` (``graph``: it already loaded; why: the
+    reason LiteRT is not asked, or None)."""
     if oracle != "auto":
         return oracle, None
-    return oracle_for(model) if os.fspath(model).endswith(".tflite") else ("reference", None)
+    return oracle_for(model, graph) if os.fspath(model).endswith(".tflite") else ("reference", None)
 
 
-def golden(model, out, samples, oracle="auto"):
-    """Write golden pairs for ``samples`` (tuples of input arrays) to ``out``; returns the oracle used."""
+def golden(model, out, samples, oracle="auto", graph=None):
+    """Write golden pairs for ``samples`` (tuples of input arrays) to ``out``; returns the oracle
+    used. ``graph``: the model already loaded."""
     is_tflite = os.fspath(model).endswith(".tflite")
-    oracle = resolve(model, oracle)[0]
+    g = graph if graph is not None else load_model(model)
+    oracle = resolve(model, oracle, g)[0]
     if oracle in ("litert", "tflm") and not is_tflite:
         raise KilnError(f"{model}: --oracle {oracle} needs a .tflite model")
     if oracle == "litert":
-        outs = run_litert(model, samples, stream=bool(load_model(model).states))
+        outs = run_litert(model, samples, stream=bool(g.states))
     elif oracle == "tflm":
-        outs = run_tflm(model, samples, stream=bool(load_model(model).states))
+        outs = run_tflm(model, samples, stream=bool(g.states))
     else:
-        outs = run_reference(load_model(model), samples)
+        outs = run_reference(g, samples)
     d = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(d):
         raise KilnError(f"-o {out}: folder {d} does not exist")
@@ -76,8 +79,8 @@ def run(args):
     else:
         samples = random_inputs(g, args.inputs, args.seed)
         source = f"{args.inputs} random inputs (seed {args.seed})"
-    oracle, why = resolve(args.model, args.oracle)
-    golden(args.model, args.out, samples, oracle)
+    oracle, why = resolve(args.model, args.oracle, g)
+    golden(args.model, args.out, samples, oracle, graph=g)
     return {"model": args.model, "golden": args.out, "pairs": len(samples), "oracle": oracle, "oracle_reason": why,
             "inputs": len(g.inputs), "outputs": len(g.outputs), "source": source,
             "text": f"wrote {len(samples)} golden pairs to {args.out} ({WHO[oracle]}, {source})"
