@@ -15,7 +15,6 @@ cl_khr_fp16. Needs pyopencl and an OpenCL CPU driver (Debian: pocl-opencl-icd).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 
@@ -299,8 +298,14 @@ def bounds64(graph, inputs, want, want_updates, dtype, params=None, storage=None
     peer = errors64(graph, got32, want, upd32 if want_updates else None, want_updates)
     floor = None if dtype == "float32" else rounding_floor64(graph, inputs, want, want_updates, dtype, params,
                                                              storage)
+    return bounds_from(dtype, peer, floor), peer, floor
+
+
+def bounds_from(dtype, peer, floor=None):
+    """{output: allowed error} from the float32 run's errors ``peer`` and the rounding ``floor``
+    (None: no floor, a float32 package): see TOLERANCE64."""
     return {k: max(TOLERANCE64[dtype], PEER_FACTOR * v, min(FLOOR_CAP, PEER_FACTOR * (floor[k] if floor else 0.0)))
-            for k, v in peer.items()}, peer, floor
+            for k, v in peer.items()}
 
 
 def rounding_floor64(graph, inputs, want, want_updates, dtype, params=None, storage=None):
@@ -323,10 +328,9 @@ def rounding_floor64(graph, inputs, want, want_updates, dtype, params=None, stor
     return errors64(graph, got, want, upd if want_updates else None, want_updates)
 
 
-def storage_map(pkg):
-    """The manifest's per-value storage dtypes of a half package (mixed precision), or None."""
-    with open(os.path.join(pkg, "manifest.json")) as f:
-        return (json.load(f).get("precision") or {}).get("storage")
+def storage_map(m):
+    """The per-value storage dtypes of a half package (manifest ``m``'s ``precision`` entry), or None."""
+    return (m.extra.get("precision") or {}).get("storage")
 
 
 def check64(pkg, graph, inputs, params=None, sim=None):
@@ -340,7 +344,7 @@ def check64(pkg, graph, inputs, params=None, sim=None):
     got = sim(*inputs)
     want, want_upd = reference64(graph, inputs, params)
     errs = errors64(graph, got, want, sim.updates() if want_upd else None, want_upd)
-    bound, peer, floor = bounds64(graph, inputs, want, want_upd, sim.m.dtype, params, storage_map(pkg))
+    bound, peer, floor = bounds64(graph, inputs, want, want_upd, sim.m.dtype, params, storage_map(sim.m))
     worst = max(errs, key=lambda k: errs[k] / bound[k])
     return {"max_err": max(errs.values()), "worst": worst, "errors": errs, "float32_errors": peer,
             "rounding_floor": floor,

@@ -35,9 +35,7 @@ def run_case(graph, inputs, want, peer, dtype, precision, workdir):
     errs = cuda_sim.errors64(graph, got, want)
     p = m.extra.get("precision", {})
     floor = cuda_sim.rounding_floor64(graph, inputs, want, None, dtype, storage=p.get("storage"))
-    bound = {k: max(cuda_sim.TOLERANCE64[dtype], cuda_sim.PEER_FACTOR * v,
-                    min(cuda_sim.FLOOR_CAP, cuda_sim.PEER_FACTOR * floor[k]))
-             for k, v in peer.items()}
+    bound = cuda_sim.bounds_from(dtype, peer, floor)
     worst = max(errs, key=lambda k: errs[k] / bound[k])
     return {"dtype": dtype, "precision": precision, "loss_scale": p.get("loss_scale"), "max_err": max(errs.values()),
             "worst": worst, "worst_err": errs[worst], "bound": bound[worst], "floor": max(floor.values()),

@@ -86,7 +86,7 @@ def kiln_case(name, batch, train, arch, dtype, workdir, iters):
     r = CudaRunner(pkg)
     got = r(*inputs)
     want, upd = cuda_sim.reference64(g, inputs)
-    bound, _, _ = cuda_sim.bounds64(g, inputs, want, upd, dtype, storage=cuda_sim.storage_map(pkg))
+    bound, _, _ = cuda_sim.bounds64(g, inputs, want, upd, dtype, storage=cuda_sim.storage_map(r.m))
     errs = scaled_errors(g.outputs, got, want, cuda_sim.gradient_outputs(g))
     err = max(errs.values())
     bad = [f"{k} {errs[k]:.2e} > {bound[k]:.2e}" for k in errs if errs[k] > bound[k]]

@@ -88,7 +88,7 @@ def prepare(out, models, cases, dtypes):
                 pkg = os.path.join(out, name)
                 (cuda.compile_train_step if train else cuda.compile)(graph, pkg, dtype=dt, check=False)
                 floor = None if dt == "float32" else cuda_sim.rounding_floor64(graph, inputs, want, upd, dt,
-                                                                               storage=cuda_sim.storage_map(pkg))
+                                                                               storage=cuda_sim.storage_map(cuda.load_manifest(pkg)))
                 for f in ("groups.json", "scheduled.json", "kernels.cl"):     # not read by the runner
                     if os.path.exists(os.path.join(pkg, f)):
                         os.remove(os.path.join(pkg, f))
@@ -97,10 +97,7 @@ def prepare(out, models, cases, dtypes):
                                "dtype": dt, "outputs": list(graph.outputs) + [f"update:{b}" for b in upd],
                                "gradients": cuda_sim.gradient_outputs(graph),
                                "tolerance": cuda_sim.TOLERANCE64[dt], "float32_errors": peer, "rounding_floor": floor,
-                               "bounds": {k: max(cuda_sim.TOLERANCE64[dt], cuda_sim.PEER_FACTOR * v,
-                                                 min(cuda_sim.FLOOR_CAP,
-                                                     cuda_sim.PEER_FACTOR * (floor[k] if floor else 0.0)))
-                                          for k, v in peer.items()}})
+                               "bounds": cuda_sim.bounds_from(dt, peer, floor)})
                 print(name, file=sys.stderr, flush=True)
     with open(os.path.join(out, "cases.json"), "w") as f:
         json.dump(listed, f, indent=1)
