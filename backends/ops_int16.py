@@ -219,16 +219,6 @@ def lower_prelu16(k, node, xs):
     return te.compute(_out_shape(ty), body, name="prelu16")
 
 
-# ---- sum: TFLite Micro's QuantizedMeanOrSum<int16_t> (compute_sum) ------------------------------------
-@int16_first("sum", hints=False)
-def lower_sum16(k, node, xs):
-    tx, ty = _io16(k, node, 1)
-    (si, zi), (so, zo) = _sz(tx), _sz(ty)
-    acc, shape, count = ops_shape.int32_sum(xs[0], tx, ty, node.attrs, name="acc16")
-    m, sh = qmath.quantize_multiplier(si / so)
-    return te.compute(shape, lambda *i: _clamp16(qmath.mbqm(acc(*i) - c(zi * count), c(m), sh) + c(zo)), name="sum16")
-
-
 # ---- matmul: TFLite Micro's BatchMatMul<int16_t, int64_t> ----------------------------------------------
 @int16_first("matmul", hints=False)
 def lower_matmul16(k, node, xs):

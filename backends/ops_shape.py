@@ -16,21 +16,8 @@ from . import gemmlowp, qmath
 from .lower import decompose_reductions, lower_rule
 from .qmath import c
 
-F32 = "float32"
-
-
 def _q(k, node):
     return any(k.type(v).quant is not None for v in list(node.inputs) + [node.name])
-
-
-def _round_away(v):
-    """TfLiteRound (half away from zero) of a float32 expression, as int32: floor(|v|) + 1 when
-    the fraction is >= 0.5 (|v| - floor(|v|) is exact in float32), sign restored."""
-    zero, half, one = tirx.const(0.0, F32), tirx.const(0.5, F32), tirx.const(1.0, F32)
-    a = tirx.Select(v < zero, -v, v)
-    f = tirx.floor(a)
-    r = f + tirx.Select(a - f >= half, one, zero)
-    return tirx.Select(v < zero, -r, r).astype("int32")
 
 
 def int32_sum(x, tx, ty, attrs, name="acc"):
@@ -62,21 +49,21 @@ def int32_sum(x, tx, ty, attrs, name="acc"):
 
 @lower_rule("sum")
 def lower_sum(k, node, xs):
-    """TFLite Micro's int8 SUM: float32 ``round(sum * scale + bias) + zo`` cast to int8."""
+    """TensorFlow Lite Micro's int8 and int16 SUM (QuantizedMeanOrSum with compute_sum; the
+    reference is frontend/ops/reductions.requantised_sum): the int32 sum less ``z_in * count``,
+    ``MultiplyByQuantizedMultiplier`` of ``s_in / s_out``, plus ``z_out``, clamped."""
     if not _q(k, node):
         return None                          # float: the op's TE compute
     tx, ty = k.type(node.inputs[0]), k.type(node.name)
+    if ty.dtype not in ("int8", "int16") or tx.dtype != ty.dtype:
+        k.fail(f"quantised sum needs int8 or int16 input and output of one type, got {tx}, {ty}")
     acc, shape, count = int32_sum(xs[0], tx, ty, node.attrs)
-    si, so = np.float32(tx.quant.scale[0]), np.float32(ty.quant.scale[0])
+    si, so = float(np.float32(tx.quant.scale[0])), float(np.float32(ty.quant.scale[0]))
     zi, zo = int(tx.quant.zero_point[0]), int(ty.quant.zero_point[0])
-    scale = np.float32(si / so)
-    bias = np.float32(np.float32(np.float32(-zi) * scale) * np.float32(count))
-    consts = k.const("sum_scale", np.asarray([scale, bias], np.float32))
-
-    def body(*i):
-        v = acc(*i).astype(F32) * consts[0] + consts[1]
-        return (_round_away(v) + c(zo)).astype("int8")
-    return te.compute(shape, body, name="sum")
+    m, sh = qmath.quantize_multiplier(si / so)
+    info = np.iinfo(ty.dtype)
+    return te.compute(shape, lambda *i: qmath.clamp(qmath.mbqm(acc(*i) - c(zi * count), c(m), sh) + c(zo),
+                                                    int(info.min), int(info.max)).astype(ty.dtype), name="sum")
 
 
 @lower_rule("resize")

@@ -7,7 +7,10 @@ function of the imported graph (:func:`tflm_only`):
 - the integer UNIDIRECTIONAL_SEQUENCE_LSTM: TFLite Micro's templated ``EvalLstm`` (int8 and 16x8;
   Kiln computes it, frontend/ops/recurrent_16x8.py), where LiteRT runs its own 8x8_16 kernel
   (results differ by 1 in some hidden-state elements) and has no 16x8 LSTM at all;
-- SVDF with an int8 state, which LiteRT's kernel reads as int16 (it corrupts memory).
+- SVDF with an int8 state, which LiteRT's kernel reads as int16 (it corrupts memory);
+- the int8 and int16 SUM: TFLite Micro requantises the integer sum with a fixed-point multiplier and
+  clamps (reference_ops::QuantizedMeanOrSum); LiteRT's BUILTIN_REF kernel gives other values for
+  negative sums (and unrelated ones for int16), and its optimised kernel rounds in float.
 
 `kiln golden` and `kiln run` ask TFLite Micro (the ``tflite-micro`` pip package, installed with
 Kiln on Linux x86-64 / Python 3.11) for such models, and LiteRT for every other .tflite. Without
@@ -34,9 +37,11 @@ def tflm_only(graph) -> str | None:
     """Why LiteRT is not the oracle for ``graph`` (the first op where LiteRT and TFLite Micro
     differ, named), or None when LiteRT is."""
     for n in graph.nodes:
-        if n.op == "lstm" and graph.types[n.inputs[0]].dtype in ("int8", "int16"):
-            return (f"{n.name!r} is an {graph.types[n.inputs[0]].dtype} LSTM: LiteRT's integer LSTM differs from "
-                    f"TensorFlow Lite Micro's, which Kiln follows")
+        dtype = graph.types[n.inputs[0]].dtype if n.inputs else None
+        if n.op in ("lstm", "sum") and dtype in ("int8", "int16"):
+            what = "LSTM" if n.op == "lstm" else "SUM"
+            return (f"{n.name!r} is an {dtype} {what}: LiteRT's integer {what} differs from TensorFlow Lite Micro's, "
+                    f"which Kiln follows")
     svdfs = int8_state_svdfs(graph)
     if svdfs:
         return f"SVDF {svdfs[0]!r} keeps an int8 state, which only TensorFlow Lite Micro runs (LiteRT reads it as int16)"

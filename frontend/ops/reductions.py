@@ -6,7 +6,10 @@ the generic max/min reducer):
 
 - ``sum``: the raw int32 sum less ``zero_point * count``, requantised with the multiplier of
   ``in_scale / out_scale`` (no 1/count folded in, unlike ``mean``), plus the output zero point,
-  clamped;
+  clamped. This is TensorFlow Lite Micro's kernel (and Kiln's oracle for int8 SUM, kiln/tflm.py):
+  older TFLite Micro releases computed a float32 ``round(sum * scale + bias)`` and wrapped it,
+  LiteRT's BUILTIN_REF kernel gives other values for negative sums, and LiteRT's optimised
+  kernel differs from both where the float and fixed-point roundings disagree;
 - ``max``, ``min``: on the raw int8 values; input and output share scale and zero point.
 """
 from __future__ import annotations
@@ -19,7 +22,7 @@ from ..registry import QUANTIZABLE, REDUCTION, SAME_AS_INPUT, defrule, get_op, r
 from . import reduce_shape as rs
 from . import tflite_util as tfl
 from ._util import norm_axes, reduced_shape
-from .int8util import int8_io, need_int8, same_quant
+from .int8util import clamp8, int8_io, need_int8, same_quant
 from .int16util import clamp16, int16_branch, int16_io
 
 chk.VERSIONS.update({"SUM": 2, "REDUCE_MAX": 3, "REDUCE_MIN": 3})
@@ -64,26 +67,22 @@ def _min_te(T, xs, a, out):
     return reduce_te(T, xs[0], a, T.te.min, "min")
 
 
-def sum_int8_values(total, count, si, zi, so, zo):
-    """reference_ops::QuantizedMeanOrSum with compute_sum (TFLite Micro's reduce kernel): float32
-    arithmetic, ``(int32)round(sum * scale + bias) + zo`` with ``scale = in_scale / out_scale``
-    and ``bias = -zi * scale * count``, then a plain cast to int8 (it wraps; TFLite does not
-    clamp a sum)."""
-    scale = np.float32(np.float32(si) / np.float32(so))
-    bias = np.float32(np.float32(np.float32(-zi) * scale) * np.float32(count))
-    v = (np.asarray(total, np.int64).astype(np.float32) * scale + bias).astype(np.float32)
-    r = np.floor(np.abs(v).astype(np.float64) + 0.5) * np.sign(v)       # TfLiteRound: half away from zero
-    return ((r.astype(np.int64) + zo + 128) % 256 - 128).astype(np.int8)
+def requantised_sum(xs, attrs, si, zi, so, zo, clamp):
+    """reference_ops::QuantizedMeanOrSum with compute_sum, TensorFlow Lite Micro's int8 and int16
+    SUM: the int32 sum less ``z_in * count`` (wrapping in int32), the
+    ``MultiplyByQuantizedMultiplier`` of double ``s_in / s_out``, plus ``z_out``, then ``clamp``."""
+    x = xs[0].astype(np.int64)
+    axes = norm_axes(attrs["axes"], x.ndim, "sum")
+    count = int(np.prod([x.shape[a] for a in axes])) if axes else 1
+    total = fp.wrap_int32(x.sum(axis=axes, keepdims=attrs["keepdims"]) - zi * count)
+    m, e = fp.quantize_multiplier(si / so)
+    return clamp(fp.multiply_by_quantized_multiplier(total, m, e) + zo)
 
 
 @defrule("sum", "int8_ref")
 def sum_int8(xs, attrs, in_types, out_type):
     (si, zi), (so, zo) = int8_io(in_types, out_type, "sum")
-    x = xs[0].astype(np.int64)
-    axes = norm_axes(attrs["axes"], x.ndim, "sum")
-    count = int(np.prod([x.shape[a] for a in axes])) if axes else 1
-    total = fp.wrap_int32(x.sum(axis=axes, keepdims=attrs["keepdims"]))
-    return sum_int8_values(total, count, si, zi, so, zo)
+    return requantised_sum(xs, attrs, si, zi, so, zo, clamp8)
 
 
 def _keep_quant(op):
@@ -145,16 +144,8 @@ def _tfl_export_reduce(e, n, act, out, int8):
 
 # ---- int16 ----------------------------------------------------------------------------------------
 def sum_int16(xs, attrs, in_types, out_type):
-    """TFLite Micro's int16 SUM (reference_ops::QuantizedMeanOrSum, compute_sum): the int32 sum
-    less ``z_in * count``, the ``MultiplyByQuantizedMultiplier`` of double ``s_in / s_out``, plus
-    ``z_out``, clamped to int16."""
     (si, zi), (so, zo) = int16_io(in_types, out_type, "sum", symmetric=False)
-    x = xs[0].astype(np.int64)
-    axes = norm_axes(attrs["axes"], x.ndim, "sum")
-    count = int(np.prod([x.shape[a] for a in axes])) if axes else 1
-    total = fp.wrap_int32(x.sum(axis=axes, keepdims=attrs["keepdims"]) - zi * count)
-    m, e = fp.quantize_multiplier(si / so)
-    return clamp16(fp.multiply_by_quantized_multiplier(total, m, e) + zo)
+    return requantised_sum(xs, attrs, si, zi, so, zo, clamp16)
 
 
 int16_branch("sum", sum_int16)

@@ -52,13 +52,14 @@ def check(buf, feeds, what, exact=True, round_trip=True):
 def one_op(opname, x_shape, dtype, qp, consts, out_shapes, options=None, out_q=None, inputs_first=True,
            n_inputs=1, version_of_int8=None, **fields):
     """A model with ``n_inputs`` activation inputs of ``x_shape`` (quantised ``qp`` = (scale, zp)
-    when int8), constant inputs ``consts`` [(name, array)] and outputs of ``out_shapes``; the op
+    when int8 or int16), constant inputs ``consts`` [(name, array)] and outputs of ``out_shapes``; the op
     version is the int8 one for int8 (or always, ``version_of_int8=True``)."""
     b = Builder(opname.lower())
-    sc, zp = qp if dtype == "int8" else (None, 0)
+    quantised = dtype in ("int8", "int16")
+    sc, zp = qp if quantised else (None, 0)
     xs = [b.tensor(f"x{j}", x_shape, dtype, scale=sc, zero_point=zp) for j in range(n_inputs)]
     cs = [b.tensor(n, np.asarray(v).shape, str(np.asarray(v).dtype), data=v) for n, v in consts]
-    osc, ozp = (out_q or qp) if dtype == "int8" else (None, 0)
+    osc, ozp = (out_q or qp) if quantised else (None, 0)
     ys = [b.tensor(f"y{j}", s, dtype, scale=osc, zero_point=ozp) for j, s in enumerate(out_shapes)]
     int8 = dtype == "int8" if version_of_int8 is None else version_of_int8
     b.op(opname, xs + cs if inputs_first else cs + xs, ys, options, int8, **fields)

@@ -203,8 +203,6 @@ def test_ptq_keeps_a_state_and_exports_it(tmp_path):
     pytest.importorskip("tflite_micro.python.tflite_micro.runtime")
     from kiln.quantize import ptq
     g = ring_graph()
-    g.nodes = [n for n in g.nodes if n.op != "sum"]        # int8 SUM: an open difference with TFLite Micro
-    g.outputs = ["prod"]
     xs = _frames(40, seed=2)
     q = ptq(g, np.concatenate(xs[:32]), int8_io=False)
     assert len(q.states) == 1
@@ -215,6 +213,10 @@ def test_ptq_keeps_a_state_and_exports_it(tmp_path):
     path = tmp_path / "ring_int8.tflite"
     path.write_bytes(export_tflite(q))
     _same(tflm.run_tflm(str(path), [(x,) for x in test], stream=True), got, "int8")
-    want = _stream(g, test)
-    scale = max(np.abs(w[0]).max() for w in want)
-    assert max(np.abs(a[0] - b[0]).max() for a, b in zip(got, want)) < 0.05 * scale
+    # near the float stream, the float values clipped to what the output's int8 type holds (a
+    # test frame drives one sum past the calibrated range: -4.09 in float, -3.54 the int8 floor)
+    qy = q.types["y"].quant
+    lo, hi = ((np.asarray([-128, 127]) - qy.zero_point[0]) * qy.scale[0]).tolist()
+    want = [np.clip(w[0], lo, hi) for w in _stream(g, test)]
+    scale = max(np.abs(w).max() for w in want)
+    assert max(np.abs(a[0] - b).max() for a, b in zip(got, want)) < 0.05 * scale
