@@ -16,6 +16,7 @@ from . import gemmlowp, qmath
 from .lower import decompose_reductions, lower_rule
 from .qmath import c
 
+
 def _q(k, node):
     return any(k.type(v).quant is not None for v in list(node.inputs) + [node.name])
 
