@@ -58,11 +58,12 @@ def edge_graph(seed=0, z_state=0, state="int16"):
     """int8 x [2, 19] -> SVDF (19 inputs: a K % 4 and K % 16 tail; 6 filters, rank 2, memory 5: the
     units' dot products of 10, an F % 4 rest) -> SVDF (3 inputs, 5 filters, rank 1, memory 3: an odd
     dot product); ``state``: both states' type (int16, or int8: TFLite Micro's 8-bit SVDF, whose
-    coarser state scale makes the columns clamp), ``z_state``: their zero point (with an int8 state
-    a negative one wraps the clamped columns around, as TFLite Micro stores them)."""
+    coarser state scale makes the columns clamp; memory 9 in the first SVDF, so that its dot products
+    of 18 int8 values have a full 16-byte Helium chunk and a tail), ``z_state``: their zero point
+    (with an int8 state a nonzero one wraps the clamped columns around, as TFLite Micro stores them)."""
     rng = np.random.default_rng(seed)
     s8 = state == "int8"
-    g = svdf_graph(2, 19, 6, 5, 2, z_x=-11, z_out=7, z_state=z_state, state=state, s_state=0.05 if s8 else 0.004,
+    g = svdf_graph(2, 19, 6, 9 if s8 else 5, 2, z_x=-11, z_out=7, z_state=z_state, state=state, s_state=0.05 if s8 else 0.004,
                    s_wt=0.02 if s8 else 0.002, s_out=0.25 if s8 else 0.02, seed=seed)
     F, M, U = 5, 3, 5
     lim, s_st, s_wt, b, s_out = (127, 0.04, 0.03, 3000, 0.15) if s8 else (32767, 0.003, 0.0005, 30000, 0.04)
