@@ -2,10 +2,10 @@
 from one kiln_model_run to the next and reset by kiln_reset_state(), bit-exact with the reference
 (int16 and int8 states) over successive invocations, float within 1e-5, TFLite Micro's
 keyword_scrambled models (every operator output and state, int16 model also against LiteRT) on
-the host, and successive inferences on the emulated mps2-an386; the int16-state SVDF kernels of
-include/kiln_svdf.h (the DSP and the Helium weight layouts, run as portable C on the host, with
-SMLAD on mps2-an386 and VMLADAVA on mps3-an547) over awkward shapes, bit-exact with the reference
-and LiteRT."""
+the host, and successive inferences on the emulated mps2-an386; the SVDF kernels of
+include/kiln_svdf.h for int16 and int8 states (the DSP and the Helium weight layouts, run as
+portable C on the host, with SMLAD on mps2-an386 and VMLADAVA on mps3-an547) over awkward shapes,
+bit-exact with the reference and LiteRT (int16 states) or TensorFlow Lite Micro (int8 states)."""
 import dataclasses
 import json
 import os
