@@ -9,13 +9,14 @@ reference's own ``svdf_state_params`` / ``svdf_out_params``. The new state is an
 value; the package copies it into the state's own static buffer after the run (docs/c_package.md,
 "State"). Float SVDF uses the ops' TE computes.
 
-With Kiln's kernels (``TargetSpec.kernels``) an int16-state SVDF whose weights are constants and
-whose inputs are kernel arguments is one call per node of ``include/kiln_svdf.h``:
-``kiln_svdf_state_s16`` (SMLAD on the DSP extension; feature weights packed by
-``schedules.pack_w8``) or, on Helium targets, ``kiln_mve_svdf_state_s16`` (VMLADAVA; weights
-packed by ``ops_mve.pack_gemm``), and ``kiln_svdf_s16`` (the time weights' int16 dot products:
-SMLAD or VMLADAVA.S16), the zero points folded into biases at compile time. Everything else (int8
-states, weights computed at run time, inputs fused into the kernel) takes the TE stages.
+With Kiln's kernels (``TargetSpec.kernels``) an integer SVDF (int16 state, or TFLite Micro's int8
+state) whose weights are constants and whose inputs are kernel arguments is one call per node of
+``include/kiln_svdf.h``: ``kiln_svdf_state_s16`` / ``_s8`` (SMLAD on the DSP extension; feature
+weights packed by ``schedules.pack_w8``) or, on Helium targets, ``kiln_mve_svdf_state_s16`` /
+``_s8`` (VMLADAVA; weights packed by ``ops_mve.pack_gemm``), and ``kiln_svdf_s16`` / ``_s8`` (the
+time weights' dot products: SMLAD or VMLADAVA), the zero points folded into biases at compile
+time. Everything else (weights computed at run time, inputs fused into the kernel) takes the TE
+stages.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def lower_svdf_state(k, node, xs):
         return None
     m, sh, z_x, z_s, dt = svdf_state_params([k.type(v) for v in node.inputs])
     x, wf, st = xs
-    y = _state_kernel(k, node, xs, ty, (m, sh, z_x, z_s)) if dt == "int16" else None
+    y = _state_kernel(k, node, xs, ty, (m, sh, z_x, z_s))
     if y is not None:
         return y
     B, I = (int(s) for s in x.shape)
@@ -66,7 +67,7 @@ def lower_svdf(k, node, xs):
     st, wt, bias = xs
     F, M = (int(s) for s in wt.shape)
     rank = node.attrs["rank"]
-    y = _out_kernel(k, node, xs, ty, (m, sh, z_s, z_o)) if wt.dtype == "int16" else None
+    y = _out_kernel(k, node, xs, ty, (m, sh, z_s, z_o))
     if y is not None:
         return y
     k.schedule(_keep_stages)
@@ -92,6 +93,11 @@ def _kernel_inputs(k, node, xs):
         return None
     w = k.value(node.inputs[1])
     return None if w is None else np.asarray(w)
+
+
+def _suffix(dtype):
+    """The kernels' name suffix of a state type: ``s16`` or ``s8``."""
+    return {"int16": "s16", "int8": "s8"}[str(dtype)]
 
 
 def _shifts(sh):
@@ -124,10 +130,11 @@ def _state_kernel(k, node, xs, ty, params):
     w = k.const("w_svdf", pack_features(wf, helium))
     if helium:
         consts = [w, k.const("rq_svdf", requant_table(bias, np.full(F, m), np.full(F, sh)))]
-        fn, scalars = "kiln_mve_svdf_state_s16", []
+        fn, scalars = "kiln_mve_svdf_state_", []
     else:
         consts = [w, k.const("b_svdf", bias)]
-        fn, scalars = "kiln_svdf_state_s16", [c(m), c(lsh), c(rneg)]
+        fn, scalars = "kiln_svdf_state_", [c(m), c(lsh), c(rneg)]
+    fn += _suffix(st.dtype)
     k.schedule(lambda sch, out_block: None)
 
     def fcompute(ins, outs):
@@ -135,7 +142,7 @@ def _state_kernel(k, node, xs, ty, params):
         return tirx.Evaluate(tirx.call_extern(
             "void", fn, xb.access_ptr("r"), c(B), c(I), c(F), c(M), *[b.access_ptr("r") for b in ins[2:]], *scalars,
             c(z_s), sb.access_ptr("r"), outs[0].access_ptr("w")))
-    return _extern([x, st] + consts, fcompute, tuple(ty.shape), "int16", "svdf_state")
+    return _extern([x, st] + consts, fcompute, tuple(ty.shape), str(st.dtype), "svdf_state")
 
 
 def _out_kernel(k, node, xs, ty, params):
@@ -154,11 +161,12 @@ def _out_kernel(k, node, xs, ty, params):
     consts = [xs[1], k.const("b_svdf", np.concatenate([bias, np.zeros(-U % 4, np.int32)]))]
     k.schedule(lambda sch, out_block: None)
     B = int(st.shape[0])
+    fn = "kiln_svdf_" + _suffix(st.dtype)
 
     def fcompute(ins, outs):
         sb, wb, bb = ins
         return tirx.Evaluate(tirx.call_extern(
-            "void", "kiln_svdf_s16", sb.access_ptr("r"), c(B), c(U), c(n), wb.access_ptr("r"), bb.access_ptr("r"),
+            "void", fn, sb.access_ptr("r"), c(B), c(U), c(n), wb.access_ptr("r"), bb.access_ptr("r"),
             c(m), c(lsh), c(rneg), c(z_o), outs[0].access_ptr("w")))
     return _extern([st] + consts, fcompute, tuple(ty.shape), "int8", "svdf")
 

@@ -24,13 +24,14 @@ class OracleUnsupported(OracleError):
     """A model LiteRT is known to run wrongly (it is not asked): TFLite Micro-only features."""
 
 
-def refuse_unsupported(path):
+def refuse_unsupported(path, graph=None):
     """LiteRT's integer SVDF reads its state as int16: an int8 state (TFLite Micro's 8-bit SVDF)
-    makes it write past the tensor and abort the whole process, so such models are refused."""
+    makes it write past the tensor and abort the whole process, so such models are refused.
+    ``graph``: the model already loaded (else it is loaded here)."""
     if not os.fspath(path).endswith(".tflite"):
         return
     try:
-        g = load_model(path)
+        g = graph if graph is not None else load_model(path)
     except KilnError:
         return                      # LiteRT may still run what Kiln does not import
     bad = int8_state_svdfs(g)
@@ -45,8 +46,8 @@ def int8_state_svdfs(graph) -> list[str]:
     return [n.name for n in graph.nodes if n.op == "svdf_state" and graph.types[n.inputs[2]].dtype == "int8"]
 
 
-def interpreter(path):
-    refuse_unsupported(path)
+def interpreter(path, graph=None):
+    refuse_unsupported(path, graph)
     try:
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
     except ImportError as e:   # a core dependency; only a broken install gets here
@@ -87,12 +88,13 @@ def litert_loadable(data: bytes) -> bytes:
     return data if buf is None else bytes(buf)
 
 
-def run_litert(path, samples, stream=False) -> list[tuple]:
+def run_litert(path, samples, stream=False, graph=None) -> list[tuple]:
     """One tuple of outputs per sample (each a tuple of input arrays, in the model's input order).
     ``stream``: the samples are successive inputs of a stateful model (Kiln's ``graph.states``:
     SVDF), run from the reset state with the variable tensors carried from one to the next, as
-    Kiln's runners and boards do; otherwise every sample starts from the zero state."""
-    it = interpreter(path)
+    Kiln's runners and boards do; otherwise every sample starts from the zero state. ``graph``:
+    the model already loaded by Kiln (it is not loaded again to check what LiteRT can run)."""
+    it = interpreter(path, graph)
     ins, outs = it.get_input_details(), it.get_output_details()
     results = []
     for xs in samples:

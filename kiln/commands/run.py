@@ -223,13 +223,13 @@ def _run_on(board, args, out, lab_map, lease=None):
     src = _tflite_source(args.model, pkg_dir)
     litert_skipped = None
     if src is not None:
-        oracle, why = oracle_for(src)     # TFLite Micro where it and LiteRT differ (kiln/tflm.py)
+        oracle, why = oracle_for(src, graph)     # TFLite Micro where it and LiteRT differ (kiln/tflm.py)
         try:
             if oracle == "tflm":
                 checks.append(check("TensorFlow Lite Micro's interpreter", board_outs,
                                     run_tflm(src, samples.inputs, stream=bool(graph.states))))
             elif oracle == "litert":
-                lite = run_litert(src, samples.inputs, stream=bool(graph.states))
+                lite = run_litert(src, samples.inputs, stream=bool(graph.states), graph=graph)
                 checks.append(check("LiteRT's reference kernels (BUILTIN_REF)", board_outs, lite))
         except OracleUnsupported as e:     # TFLite Micro-only models: checked against the reference only
             why = str(e)

@@ -2,10 +2,10 @@
 from one kiln_model_run to the next and reset by kiln_reset_state(), bit-exact with the reference
 (int16 and int8 states) over successive invocations, float within 1e-5, TFLite Micro's
 keyword_scrambled models (every operator output and state, int16 model also against LiteRT) on
-the host, and successive inferences on the emulated mps2-an386; the int16-state SVDF kernels of
-include/kiln_svdf.h (the DSP and the Helium weight layouts, run as portable C on the host, with
-SMLAD on mps2-an386 and VMLADAVA on mps3-an547) over awkward shapes, bit-exact with the reference
-and LiteRT."""
+the host, and successive inferences on the emulated mps2-an386; the SVDF kernels of
+include/kiln_svdf.h for int16 and int8 states (the DSP and the Helium weight layouts, run as
+portable C on the host, with SMLAD on mps2-an386 and VMLADAVA on mps3-an547) over awkward shapes,
+bit-exact with the reference and LiteRT (int16 states) or TensorFlow Lite Micro (int8 states)."""
 import dataclasses
 import json
 import os
@@ -54,46 +54,59 @@ def test_int8_host_c_matches_reference_over_invocations(tmp_path_factory, d, sta
     _check_stream(g, _host(g, tmp_path_factory.mktemp("svdf")), inputs(g, STEPS, seed))
 
 
-def edge_graph(seed=0, z_state=0):
+def edge_graph(seed=0, z_state=0, state="int16"):
     """int8 x [2, 19] -> SVDF (19 inputs: a K % 4 and K % 16 tail; 6 filters, rank 2, memory 5: the
     units' dot products of 10, an F % 4 rest) -> SVDF (3 inputs, 5 filters, rank 1, memory 3: an odd
-    dot product), int16 states; ``z_state``: both states' zero point."""
+    dot product); ``state``: both states' type (int16, or int8: TFLite Micro's 8-bit SVDF, whose
+    coarser state scale makes the columns clamp; memory 9 in the first SVDF, so that its dot products
+    of 18 int8 values have a full 16-byte Helium chunk and a tail), ``z_state``: their zero point
+    (with an int8 state a nonzero one wraps the clamped columns around, as TFLite Micro stores them)."""
     rng = np.random.default_rng(seed)
-    g = svdf_graph(2, 19, 6, 5, 2, z_x=-11, z_out=7, z_state=z_state, seed=seed)
+    s8 = state == "int8"
+    g = svdf_graph(2, 19, 6, 9 if s8 else 5, 2, z_x=-11, z_out=7, z_state=z_state, state=state, s_state=0.05 if s8 else 0.004,
+                   s_wt=0.02 if s8 else 0.002, s_out=0.25 if s8 else 0.02, seed=seed)
     F, M, U = 5, 3, 5
+    lim, s_st, s_wt, b, s_out = (127, 0.04, 0.03, 3000, 0.15) if s8 else (32767, 0.003, 0.0005, 30000, 0.04)
     g.add_const("wf1", rng.integers(-127, 128, (F, 3)).astype(np.int8), q(0.02))
-    g.add_const("wt1", rng.integers(-32767, 32768, (F, M)).astype(np.int16), q(0.0005))
-    g.add_const("b1", rng.integers(-30000, 30000, (U,)).astype(np.int32), q(0.003 * 0.0005))
-    g.add_const("st1", np.full((2, F * M), z_state, np.int16), q(0.003, z_state))
+    g.add_const("wt1", rng.integers(-lim, lim + 1, (F, M)).astype(state), q(s_wt))
+    g.add_const("b1", rng.integers(-b, b, (U,)).astype(np.int32), q(s_st * s_wt))
+    g.add_const("st1", np.full((2, F * M), z_state, state), q(s_st, z_state))
     g.add_node("svdf_state", ["y", "wf1", "st1"], name="st1_next")
     g.add_node("svdf", ["st1_next", "wt1", "b1"], {"rank": 1, "activation": "relu"}, name="y1",
-               out_type=TensorType((2, U), "int8", q(0.04, -128)))
+               out_type=TensorType((2, U), "int8", q(s_out, -128)))
     g.states["st1"] = "st1_next"
     g.outputs = ["y1"]
     return g.validate()
 
 
+def _kernel_calls(src, target, state):
+    """How often kernels.c calls the state and the output kernel of ``state``'s type."""
+    sfx = "s8" if state == "int8" else "s16"
+    mve = "mve_" if target == "cortex-m55" else ""
+    return src.count(f"kiln_{mve}svdf_state_{sfx}("), src.count(f"kiln_svdf_{sfx}(")
+
+
 @pytest.mark.parametrize("target", ["host", "cortex-m55"])
-@pytest.mark.parametrize("z_state", [0, -37])
-def test_svdf_kernels_on_host_match_reference(target, z_state, tmp_path):
-    """The kernels (host: kiln_svdf_state_s16's pack_w8 layout; cortex-m55: kiln_mve_svdf_state_s16's
-    pack_gemm layout, both as portable C) bit-exact with the reference over a stream, state zero
-    point 0 and not."""
-    g = edge_graph(1, z_state)
+@pytest.mark.parametrize("state,z_state", [("int16", 0), ("int16", -37), ("int8", 0), ("int8", -37), ("int8", 90)])
+def test_svdf_kernels_on_host_match_reference(target, state, z_state, tmp_path):
+    """The kernels (host: kiln_svdf_state_*'s pack_w8 layout; cortex-m55: kiln_mve_svdf_state_*'s
+    pack_gemm layout, both as portable C) bit-exact with the reference over a stream, int16 and
+    int8 states (TFLite Micro's 8-bit SVDF), state zero point 0 and not (wrapping both ways); the
+    new states are package outputs too."""
+    g = edge_graph(1, z_state, state)
+    g.outputs = ["st_next", "st1_next", "y1"]
     pkg = compile_pkg(g, target=target, out_dir=str(tmp_path), plot=False, measure_size=False)
-    src = open(tmp_path / "kernels.c").read()
-    state_fn = "kiln_mve_svdf_state_s16(" if target == "cortex-m55" else "kiln_svdf_state_s16("
-    assert src.count(state_fn) == 2 and src.count("kiln_svdf_s16(") == 2
+    assert _kernel_calls(open(tmp_path / "kernels.c").read(), target, state) == (2, 2)
     _check_stream(g, pkg, inputs(g, STEPS, 2))
 
 
-def test_svdf_kernels_leave_int8_states_to_te(tmp_path):
-    """An int8 state (TFLite Micro's 8-bit SVDF) keeps the TE stages; so do all states with
-    Kiln's kernels off."""
+def test_svdf_kernels_take_both_state_types(tmp_path):
+    """One model with an int16 and an int8 state: each SVDF calls its own type's kernels; with
+    Kiln's kernels off all take the TE stages."""
     _host(two_svdf_graph(), tmp_path / "a")
     src = open(tmp_path / "a" / "kernels.c").read()
-    assert src.count("kiln_svdf_state_s16(") == 1 and src.count("kiln_svdf_s16(") == 1
-    g = edge_graph()
+    assert _kernel_calls(src, "host", "int16") == (1, 1) and _kernel_calls(src, "host", "int8") == (1, 1)
+    g = edge_graph(0, -37, "int8")
     compile_pkg(g, target=dataclasses.replace(get_target("host"), kernels=False), out_dir=str(tmp_path / "b"), plot=False,
                 measure_size=False)
     assert "kiln_svdf" not in open(tmp_path / "b" / "kernels.c").read()
@@ -154,12 +167,13 @@ def test_host_llvm_refuses_stateful_graphs():
 @pytest.mark.qemu
 @pytest.mark.parametrize("which,board", [("two_svdf", "mps2-an386"), ("keyword_scrambled", "mps2-an386"),
                                          ("edge", "mps2-an386"), ("keyword_scrambled", "mps3-an547"),
-                                         ("edge", "mps3-an547")])
+                                         ("edge", "mps3-an547"), ("edge8", "mps2-an386"), ("edge8", "mps3-an547")])
 def test_svdf_stream_on_board(which, board, tmp_path):
     """Successive inferences on the emulated boards carry the state as the reference and LiteRT
     do: `kiln golden` writes a stream (state carried from pair to pair), `kiln verify` runs it on a
     freshly booted board, every output equal (the SVDF kernels: SMLAD on mps2-an386, Helium on
-    mps3-an547; ``edge``: their tails, against LiteRT)."""
+    mps3-an547; ``edge``: their tails, against LiteRT; ``edge8``: the int8-state kernels, their
+    tails and a wrapping state zero point, against TensorFlow Lite Micro's interpreter)."""
     from kiln.commands.golden import golden
     from kiln.commands.verify import verify
     from tests.firmware.helpers import need_qemu, need_toolchain
@@ -170,10 +184,10 @@ def test_svdf_stream_on_board(which, board, tmp_path):
         export_tflite(two_svdf_graph(), path)
         g = load_tflite(path)
         samples, oracle = [(x,) for x in inputs(g, 6, 9)], "reference"
-    elif which == "edge":
-        path = str(tmp_path / "edge.tflite")
-        export_tflite(edge_graph(3), path)
-        samples, oracle = [(x,) for x in inputs(load_tflite(path), 6, 8)], "litert"
+    elif which in ("edge", "edge8"):
+        path = str(tmp_path / f"{which}.tflite")
+        export_tflite(edge_graph(3) if which == "edge" else edge_graph(3, -37, "int8"), path)
+        samples, oracle = [(x,) for x in inputs(load_tflite(path), 6, 8)], "litert" if which == "edge" else "tflm"
     else:
         path = os.path.join(KWS, "keyword_scrambled.tflite")
         rng = np.random.default_rng(4)
@@ -205,15 +219,17 @@ def test_a_reset_mid_stream_is_an_error_not_a_wrong_answer(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.qemu
-def test_kiln_run_8bit_keyword_model_on_board(tmp_path, capsys):
-    """`kiln run` streams the int8-state model on mps2-an386, bit-exact with the reference and with
-    TensorFlow Lite Micro's interpreter over the stream, and says why LiteRT is not asked (it cannot
-    run int8 SVDF states)."""
+@pytest.mark.parametrize("board", ["mps2-an386", "mps3-an547"])
+def test_kiln_run_8bit_keyword_model_on_board(board, tmp_path, capsys):
+    """`kiln run` streams the int8-state model (its SVDFs on the int8-state kernels: SMLAD on
+    mps2-an386, Helium on mps3-an547), bit-exact with the reference and with TensorFlow Lite
+    Micro's interpreter over the stream, and says why LiteRT is not asked (it cannot run int8 SVDF
+    states)."""
     from kiln.cli import main
     from tests.firmware.helpers import need_qemu, need_toolchain
     need_toolchain()
     need_qemu()
-    rc = main(["run", os.path.join(KWS, "keyword_scrambled_8bit.tflite"), "--board", "mps2-an386", "--inputs", "4",
+    rc = main(["run", os.path.join(KWS, "keyword_scrambled_8bit.tflite"), "--board", board, "--inputs", "4",
                "-o", str(tmp_path), "--json"])
     rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and rep["bit_exact"] and rep["samples"] == 4, rep

@@ -1,0 +1,33 @@
+"""`kiln run` reads a .tflite model once: picking the oracle (kiln/tflm.oracle_for) and LiteRT's
+check for models it cannot run (kiln/litert.refuse_unsupported) use the graph the package was
+built from instead of importing the file again."""
+import json
+import os
+
+import pytest
+
+from kiln.cli import main
+from kiln.frontend import loader
+from tests.firmware.helpers import need_qemu, need_toolchain
+from tests.frontend.svdf_util import KWS
+
+pytestmark = pytest.mark.qemu
+
+
+@pytest.mark.parametrize("name,oracle", [("keyword_scrambled", "LiteRT's reference kernels (BUILTIN_REF)"),
+                                         ("keyword_scrambled_8bit", "TensorFlow Lite Micro's interpreter")])
+def test_kiln_run_imports_the_tflite_once(name, oracle, monkeypatch, tmp_path, capsys):
+    need_toolchain()
+    need_qemu()
+    path = os.path.join(KWS, f"{name}.tflite")
+    loads = []
+    real = loader.load_tflite
+
+    def counting(p, *a, **kw):
+        loads.append(os.fspath(p))
+        return real(p, *a, **kw)
+    monkeypatch.setattr(loader, "load_tflite", counting)
+    rc = main(["run", path, "--board", "mps2-an386", "--inputs", "2", "-o", str(tmp_path), "--json"])
+    rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and rep["bit_exact"] and rep["compared_against"][-1] == oracle, rep
+    assert loads == [path], loads
