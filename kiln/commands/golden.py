@@ -53,7 +53,7 @@ def golden(model, out, samples, oracle="auto", graph=None):
     if oracle in ("litert", "tflm") and not is_tflite:
         raise KilnError(f"{model}: --oracle {oracle} needs a .tflite model")
     if oracle == "litert":
-        outs = run_litert(model, samples, stream=bool(g.states))
+        outs = run_litert(model, samples, stream=bool(g.states), graph=g)
     elif oracle == "tflm":
         outs = run_tflm(model, samples, stream=bool(g.states))
     else:
