@@ -1,10 +1,17 @@
 """C override of int8 ``dense`` (FULLY_CONNECTED), bit-exact with LiteRT's reference kernel
 (requantisation in double: docs/int8_ir.md). With Kiln kernels and constant weights a layer is one
 call of ``kiln_fc_mv_s8`` (include/kiln_dense.h): weights packed at compile time for its 4-column
-SMLAD loop, the input zero point folded into the bias, the requantisation fused. Otherwise the
+SMLAD loop, the input zero point folded into the bias, the requantisation fused. Weights that
+several layers share (the time steps of an unrolled RNN, each with its own input zero point and
+bias) are packed once with zero biases, and each layer passes its own folded biases
+(``kiln_fc_mv_s8_b``), so flash holds one copy of them. Otherwise the
 tensorized dot product of ``schedules.py`` or TVM's default schedule, requantised by
 ``fc_requant_epilogue``. The 16x8 (int16 activation) dense stays in ``ops_nn.py``."""
 from __future__ import annotations
+
+import collections
+import hashlib
+import weakref
 
 import numpy as np
 from tvm import te, tirx
@@ -120,10 +127,12 @@ def acc_bound(w, bias, zx):
     return int((np.abs(np.asarray(w, np.int64)).sum(axis=1) * xmax + np.abs(np.asarray(bias, np.int64))).max(initial=0))
 
 
-def prepare_dense(w, bias, zx, s_in, w_scales, s_out, zy, act):
+def prepare_dense(w, bias, zx, s_in, w_scales, s_out, zy, act, bias_apart=False):
     """Everything ``kiln_fc_mv_s8`` takes besides the input and output, computed at compile time:
     {"stream": packed weights and folded biases, "m", "rq": fast and exact requantisation
-    constants (one channel when all are equal), "mstep", "c1", "c2", "lo", "hi"}."""
+    constants (one channel when all are equal), "mstep", "c1", "c2", "lo", "hi"}. With
+    ``bias_apart`` the stream's biases are zero and "bias" holds the folded biases (int32 [N],
+    ``kiln_fc_mv_s8_b``): the stream depends on the weights alone."""
     w = np.asarray(w, np.int8)
     N = w.shape[0]
     mh, ml, sh = fc_requant_constants(fc_effective_scales(s_in, w_scales, s_out))
@@ -133,8 +142,12 @@ def prepare_dense(w, bias, zx, s_in, w_scales, s_out, zy, act):
         mh, ml, sh = mh[:1], ml[:1], sh[:1]
     m, c1, c2 = requant_guard(acc_bound(w, bias, zx), mh, ml, sh)
     rq = np.stack([mh, ml, sh], axis=1).astype(np.uint32).view(np.int32).reshape(-1)
-    return {"stream": pack_dense(w, fold_bias(w, np.asarray(bias, np.int64).reshape(N), zx)), "m": m, "rq": rq,
-            "mstep": 0 if one else 1, "c1": c1, "c2": c2, "lo": lo, "hi": hi}
+    folded = fold_bias(w, np.asarray(bias, np.int64).reshape(N), zx)
+    p = {"stream": pack_dense(w, np.zeros(N, np.int32) if bias_apart else folded), "m": m, "rq": rq,
+         "mstep": 0 if one else 1, "c1": c1, "c2": c2, "lo": lo, "hi": hi}
+    if bias_apart:
+        p["bias"] = folded
+    return p
 
 
 def kernel_operands(k, node, x):
@@ -157,15 +170,37 @@ def kernel_operands(k, node, x):
 
 
 def _dense_kernel(k, node, x, ty):
-    """One ``kiln_fc_mv_s8`` call for the layer, or None (``kernel_operands``)."""
+    """One ``kiln_fc_mv_s8`` call for the layer (``kiln_fc_mv_s8_b`` when other layers have the
+    same weights), or None (``kernel_operands``)."""
     ops = kernel_operands(k, node, x)
     if ops is None:
         return None
     args, rows, K, N, zy = ops
-    p = prepare_dense(*args)
-    consts = (k.const("w_dense", p["stream"]), k.const("rq_m", p["m"]), k.const("rq_exact", p["rq"]))
+    apart = weights_shared(k, args[0])
+    p = prepare_dense(*args, bias_apart=apart)
+    consts = (k.const("w_dense", p["stream"]),) + ((k.const("bias_dense", p["bias"]),) if apart else ()) + (
+        k.const("rq_m", p["m"]), k.const("rq_exact", p["rq"]))
     k.schedule(lambda sch, out_block: None)
-    return dense_extern("kiln_fc_mv_s8", x, consts, rows, K, N, p, zy, ty.shape)
+    return dense_extern("kiln_fc_mv_s8_b" if apart else "kiln_fc_mv_s8", x, consts, rows, K, N, p, zy, ty.shape)
+
+
+_WEIGHTS = weakref.WeakKeyDictionary()      # graph -> (its constants, Counter of dense weights' digests)
+
+
+def _digest(a):
+    a = np.ascontiguousarray(a)
+    return str(a.dtype), hashlib.sha256(a.tobytes()).digest()
+
+
+def weights_shared(k, w):
+    """Whether another dense node of the graph has constant weights equal to ``w`` (the time
+    steps of an unrolled RNN): counted once per graph and set of constants."""
+    seen = _WEIGHTS.get(k.graph)
+    if seen is None or seen[0] is not k.consts:
+        count = collections.Counter(_digest(k.consts[n.inputs[1]]) for n in k.graph.nodes
+                                    if n.op == "dense" and len(n.inputs) > 1 and n.inputs[1] in k.consts)
+        seen = _WEIGHTS[k.graph] = (k.consts, count)
+    return seen[1][_digest(w)] > 1
 
 
 def dense_extern(fn, x, consts, rows, K, N, p, zy, out_shape):

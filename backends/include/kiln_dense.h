@@ -165,11 +165,14 @@ static inline void kiln_dense_out4(int32_t q0, int32_t q1, int32_t q2, int32_t q
 
 /* y[r, n] = requant(bias[n] + sum_k x[r, k] * w[n, k]) for r < rows: x int8 [rows, K], w the
  * packed stream above (biases with the zero point folded), m int32 [N] or [1] (mstep 1 or 0) the
- * fast-path multipliers, rq int32 [N][3] or [1][3] the exact constants */
-static __attribute__((noinline, unused)) void kiln_fc_mv_s8(const int8_t *x, int32_t rows, int32_t K, int32_t N,
-                                                            const int8_t *w, const int32_t *m, const int32_t *rq,
-                                                            int32_t mstep, uint32_t c1, uint32_t c2, int32_t zy,
-                                                            int32_t lo, int32_t hi, int8_t *y)
+ * fast-path multipliers, rq int32 [N][3] or [1][3] the exact constants; b: NULL, or the int32 [N]
+ * biases (zero point folded) added to the stream's (then zero): the time steps of an unrolled
+ * RNN share one weight stream, each step with its own zero point passes its own biases */
+static inline __attribute__((always_inline)) void kiln_fc_mv_body(const int8_t *x, int32_t rows, int32_t K,
+                                                                  int32_t N, const int8_t *w, const int32_t *b,
+                                                                  const int32_t *m, const int32_t *rq,
+                                                                  int32_t mstep, uint32_t c1, uint32_t c2,
+                                                                  int32_t zy, int32_t lo, int32_t hi, int8_t *y)
 {
     const int32_t g = K >> 2, tail = K & 3, gp = (K + 3) >> 2, N4 = N & ~3;
     const uint32_t lo4 = 0x01010101u * ((uint32_t)lo & 0xFFu), hi4 = 0x01010101u * ((uint32_t)hi & 0xFFu);
@@ -187,6 +190,11 @@ static __attribute__((noinline, unused)) void kiln_fc_mv_s8(const int8_t *x, int
                     acc[j] += x[4 * g + t] * wb[16 + 16 * g + 4 * j + t];
                 }
             }
+            if (b != 0) {           /* modulo 2^32, as the accumulator from the stream's bias */
+                for (int32_t j = 0; j < 4; ++j) {
+                    acc[j] = (int32_t)((uint32_t)acc[j] + (uint32_t)b[n + j]);
+                }
+            }
             const int32_t *mc = m + mstep * n, *rc = rq + 3 * mstep * n;
             const int32_t q0 = kiln_dense_rq(acc[0], mc[0], rc, c1, c2);
             const int32_t q1 = kiln_dense_rq(acc[1], mc[mstep], rc + 3 * mstep, c1, c2);
@@ -200,10 +208,32 @@ static __attribute__((noinline, unused)) void kiln_fc_mv_s8(const int8_t *x, int
             for (int32_t k = 0; k < K; ++k) {
                 acc += x[k] * wb[4 + k];
             }
+            if (b != 0) {
+                acc = (int32_t)((uint32_t)acc + (uint32_t)b[n]);
+            }
             const int32_t c = mstep * n;
             y[n] = (int8_t)kiln_dense_out(kiln_dense_rq(acc, m[c], rq + 3 * c, c1, c2), zy, lo, hi);
         }
     }
+}
+
+/* the layer, its biases in the stream */
+static __attribute__((noinline, unused)) void kiln_fc_mv_s8(const int8_t *x, int32_t rows, int32_t K, int32_t N,
+                                                            const int8_t *w, const int32_t *m, const int32_t *rq,
+                                                            int32_t mstep, uint32_t c1, uint32_t c2, int32_t zy,
+                                                            int32_t lo, int32_t hi, int8_t *y)
+{
+    kiln_fc_mv_body(x, rows, K, N, w, 0, m, rq, mstep, c1, c2, zy, lo, hi, y);
+}
+
+/* the layer with its own biases b [N] beside a stream whose biases are zero (shared weights) */
+static __attribute__((noinline, unused)) void kiln_fc_mv_s8_b(const int8_t *x, int32_t rows, int32_t K, int32_t N,
+                                                              const int8_t *w, const int32_t *b, const int32_t *m,
+                                                              const int32_t *rq, int32_t mstep, uint32_t c1,
+                                                              uint32_t c2, int32_t zy, int32_t lo, int32_t hi,
+                                                              int8_t *y)
+{
+    kiln_fc_mv_body(x, rows, K, N, w, b, m, rq, mstep, c1, c2, zy, lo, hi, y);
 }
 
 #endif /* KILN_DENSE_H */
