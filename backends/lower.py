@@ -8,8 +8,11 @@ where ``xs`` are TE tensors for the node's inputs; they hold the int8 kernels (T
 and the DSP kernels, and return None for a case they leave to the TE compute (float). A rule may
 replace a constant input by a transformed copy (``k.const``), declare that its output may
 overwrite an input in place (``k.inplace``; ``k.inplace_hints_of_op()`` applies the op's usual
-ones from ``backends/inplace.py``) and set the group's schedule (``k.schedule``). MACs come from
-the op (``OpDef.macs``) for every node, whichever path lowers it.
+ones from ``backends/inplace.py``) and set the group's schedule (``k.schedule``). A rule may write a
+second node of its group as well (``k.also_writes``: a stateful LSTM's final cell state next to its
+sequence, ``passes.fuse``): that node is not lowered on its own and the kernel has one output
+parameter more. MACs come from the op (``OpDef.macs``) for every node lowered, whichever path
+lowers it.
 """
 from __future__ import annotations
 
@@ -74,6 +77,7 @@ class Kernel:
     macs: int = 0
     source: str = ""              # C function text (static)
     mod: object = None
+    also: list = dataclasses.field(default_factory=list)   # other graph values it writes (k.also_writes)
 
 
 class KernelBuilder:
@@ -91,6 +95,7 @@ class KernelBuilder:
         self.n_macs = 0
         self.schedule_fn = None
         self.node = None
+        self.also = {}                       # graph value -> TE tensor: further outputs (also_writes)
 
     # ---- what rules use ---------------------------------------------------------------
     def type(self, value):
@@ -116,6 +121,19 @@ class KernelBuilder:
 
     def macs(self, n):
         self.n_macs += int(n)
+
+    def also_wanted(self):
+        """The values this group's kernel must write besides its output (``passes.Group.also``)."""
+        return list(getattr(self.group, "also", ()))       # no group: a kernel of one node
+
+    def also_writes(self, value, tensor):
+        """The kernel also writes ``value`` (one of ``also_wanted()``, the output of another node
+        of the group) from ``tensor``, which the current node's compute has made anyway: that node
+        is then not lowered on its own."""
+        if value not in self.also_wanted():
+            self.fail(f"{value!r} is not an output of this kernel (it writes {self.node.name!r}"
+                      f"{''.join(', ' + repr(v) for v in self.also_wanted())})")
+        self.also[value] = tensor
 
     def schedule(self, fn):
         """``fn(sch, out_block)`` replaces the default schedule for this group."""
@@ -196,14 +214,15 @@ def _check_te_types(k, node, op):
                    f"C int8 kernels: {', '.join(int8)}, and data movement)")
 
 
-def lower_te(k, node, xs, attrs=None):
+def lower_te(k, node, xs, attrs=None, te_fn=None):
     """A node through its op's TE compute, with the C backend's facts about it: supported data
     types (quantised operands only for data movement, which is exact whatever the scale), the
     usual in-place hints and a schedule from ``schedules.TE_SCHEDULES``. Scalars, which C
     kernels hold as one-element arrays, reach the rule as 0-d tensors; a reduction whose input
     may be overwritten in place gets a store stage (its accumulator stays a scalar and every
     window is read before its output element is written). ``attrs`` replaces the node's
-    attributes (an override that only changes one, as the int8 pad's fill value)."""
+    attributes (an override that only changes one, as the int8 pad's fill value); ``te_fn``
+    replaces the op's TE compute, same signature (a rule that uses more of it than its output)."""
     op = get_op(node.op)
     if op.te is None:
         k.fail(f"op '{node.op}' has no C lowering (no C kernel and no TE compute)")
@@ -213,8 +232,8 @@ def lower_te(k, node, xs, attrs=None):
     sched = pick([k.type(i) for i in node.inputs], k.type(node.name), node.attrs, k.target) if pick else None
     if sched is not None:
         k.schedule(sched)
-    y = op.te(T, [x if k.type(v).shape else _as_0d(x) for x, v in zip(xs, node.inputs)],
-              node.attrs if attrs is None else attrs, k.type(node.name))
+    y = (te_fn or op.te)(T, [x if k.type(v).shape else _as_0d(x) for x, v in zip(xs, node.inputs)],
+                         node.attrs if attrs is None else attrs, k.type(node.name))
     if hints and _is_reduction_op(y):
         y = _copy(y, f"{y.op.name}_store")
     return y if y.shape else _as_1d(y)
@@ -236,8 +255,9 @@ def _is_reduction_op(t):
     return isinstance(t.op, te.ComputeOp) and len(t.op.reduce_axis) > 0
 
 
-def _used_placeholders(out):
-    seen, order, stack = set(), [], [out]
+def _used_placeholders(outs):
+    """The placeholders the TE tensor ``outs`` (or a list of them) reads."""
+    seen, order, stack = set(), [], list(outs) if isinstance(outs, (list, tuple)) else [outs]
     while stack:
         t = stack.pop()
         if t in seen:
@@ -325,16 +345,17 @@ def lower_group(graph, group, target, consts, kname, cache=None) -> Kernel:
     unrolled RNN) gets the earlier kernel's C function (``source``) instead of a new build."""
     k = KernelBuilder(graph, group, target, consts)
     out = _lower_nodes(k, graph, group, target)
-    want = graph.types[group.out]
-    if want.dtype == "bool" and out.dtype == "bool":
-        out = bool_store(out)
-    if tuple(int(s) for s in out.shape) != (tuple(want.shape) or (1,)) or out.dtype != c_storage(want.dtype):
-        raise LoweringError(f"node {group.nodes[-1].name!r}: lowering produced {out.dtype}{list(out.shape)}, "
-                            f"graph says {want}")
+    missing = [v for v in group.also if v not in k.also]
+    if missing:
+        raise LoweringError(f"node {group.out!r}: its lowering did not write {', '.join(map(repr, missing))}, "
+                            f"which its kernel covers (target {target.name})")
+    values = [group.out] + list(group.also)
+    outs = [_checked_output(graph, v, t) for v, t in zip(values, [out] + [k.also[v] for v in group.also])]
+    out = outs[0]
     if _is_reduction_op(out):
         k.inplace_hints.clear()   # a reduction into the output stores before it has read everything
-    phs = _used_placeholders(out)
-    func = te.create_prim_func(phs + [out])
+    phs = _used_placeholders(outs)
+    func = te.create_prim_func(phs + outs)
     sch = s_tir.Schedule(func)
     (k.schedule_fn or default_schedule)(sch, out.op.name)
     built = (cache if cache is not None else BuildCache()).build(
@@ -344,22 +365,38 @@ def lower_group(graph, group, target, consts, kname, cache=None) -> Kernel:
     for p, role in zip(built.cparams, built.roles):
         if role == "scratch":
             args.append(Arg("scratch", f"{kname}.{p.name}", p.dtype, p.scratch_bytes, writes=True))
-        elif role == len(phs):
-            args.append(Arg("value", group.out, c_storage(want.dtype), want.nbytes, writes=True))
+        elif role >= len(phs):
+            v = values[role - len(phs)]
+            args.append(Arg("value", v, c_storage(graph.types[v].dtype), graph.types[v].nbytes, writes=True))
         else:
             args.append(k.placeholders[phs[role]])
     kern = Kernel(kname, [n.name for n in group.nodes], [n.op for n in group.nodes], group.out, args,
-                  dict(k.inplace_hints), k.n_macs, source=built.source, mod=built.mod)
+                  dict(k.inplace_hints), k.n_macs, source=built.source, mod=built.mod, also=list(group.also))
     kern.extra_consts = k.extra_consts
     kern.cparams = built.cparams
     kern.c_function = built.name        # the C function this kernel's commands call (shared when equal)
     return kern
 
 
+def _checked_output(graph, value, out):
+    """A kernel's TE output for graph value ``value`` (bools stored as bytes), checked against
+    the graph's type."""
+    want = graph.types[value]
+    if want.dtype == "bool" and out.dtype == "bool":
+        out = bool_store(out)
+    if tuple(int(s) for s in out.shape) != (tuple(want.shape) or (1,)) or out.dtype != c_storage(want.dtype):
+        raise LoweringError(f"node {value!r}: lowering produced {out.dtype}{list(out.shape)}, graph says {want}")
+    return out
+
+
 def _lower_nodes(k, graph, group, target):
-    """The TE tensor of a group's output, its nodes lowered one after the other."""
-    env, out = {}, None
+    """The TE tensor of a group's output, its nodes lowered one after the other (a node whose
+    value an earlier node's rule wrote already, ``k.also_writes``, is not)."""
+    env = {}
     for node in group.nodes:
+        if node.name in k.also:
+            env[node.name] = k.also[node.name]
+            continue
         k.node = node
         op = get_op(node.op)
         if not c_lowerable(node.op):
@@ -369,9 +406,8 @@ def _lower_nodes(k, graph, group, target):
         if op.macs is not None:
             k.macs(op.macs([graph.types[i] for i in node.inputs], graph.types[node.name], node.attrs))
         xs = [env[i] if i in env else k.input_tensor(i) for i in node.inputs]
-        out = lower_node(k, node, xs)
-        env[node.name] = out
-    return out
+        env[node.name] = lower_node(k, node, xs)
+    return env[group.out]
 
 
 @dataclasses.dataclass

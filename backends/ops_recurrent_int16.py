@@ -8,8 +8,9 @@ int32 accumulators, the bias and the input offset ``-z_x * rowsum(W_x)`` added a
 ``MultiplyByQuantizedMultiplier`` applied where the gates read them. Then per step: the recurrent
 products of the 4 gates, the activated gates (saturating add, TFLite's int16 sigmoid / tanh
 table), the new cell and the new hidden state (int8 with the output zero point, or int16). Every
-stage stays a loop nest of its own (no inlining). Float LSTMs keep their rule
-(``backends/ops_recurrent.py``).
+stage stays a loop nest of its own (no inlining). A stateful LSTM's cell twin (its final cell
+state, ``output="cell"``) is written by the same kernel, from the last step's cell stage
+(``ops_recurrent.cell_twin``). Float LSTMs keep their rule (``backends/ops_recurrent.py``).
 """
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from tvm import te, tirx
 from kiln.frontend.ops.int16util import SIGMOID_TABLE_U16
 from kiln.frontend.ops.recurrent_16x8 import lstm_16x8_params
 
-from . import ops_recurrent  # noqa: F401  (the int8 / float rule int16_first wraps)
 from .ops_elementwise import _lut16_tail
 from .ops_int16 import int16_first
+from .ops_recurrent import cell_twin  # (and the int8 / float rule int16_first wraps)
 from .qmath import c, clamp, let, mbqm
 from .tirc import SCRATCH_MIN_BYTES
 
@@ -201,6 +202,9 @@ def lower_lstm_16x8(k, node, xs):
         hs.append(h)
     if cell:
         return te.compute(tuple(int(v) for v in cst.shape), lambda n, j: cst[n, j], name="lstm16_c")
+    twin = cell_twin(k, node)
+    if twin is not None:
+        k.also_writes(twin, cst)            # the final cell state: the last step's cell stage itself
 
     def gather(*i):
         n, t, j = (i[1], i[0], i[2]) if tm else i

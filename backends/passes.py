@@ -5,6 +5,7 @@ import dataclasses
 
 import numpy as np
 
+from kiln.frontend.lstm_state import cell_twins
 from kiln.frontend.registry import get_op
 
 from .lower import LoweringError, c_lowerable
@@ -19,10 +20,11 @@ ANCHORS = {"conv2d", "dense", "add", "sub", "mul", "matmul", "avg_pool2d", "max_
 class Group:
     nodes: list        # frontend Node objects, in order
     out: str           # graph value the group produces
+    also: list = dataclasses.field(default_factory=list)   # values its kernel writes too (lower.also_writes)
 
     @property
     def name(self):
-        return self.nodes[-1].name
+        return self.out
 
 
 def constants(graph):
@@ -67,7 +69,9 @@ def find_views(graph, nodes, consts):
 
 def fuse(graph, nodes, views):
     """Needs: find_views. Groups nodes into kernels: pad -> conv2d (pad folded into the conv's
-    window), anchor -> relu/relu6 (activation fused), everything else alone."""
+    window), anchor -> relu/relu6 (activation fused), a sequence lstm and its cell twin (a stateful
+    LSTM's final cell state, ``lstm_state.cell_twins``: one kernel writes both, where the first of
+    the two stands), everything else alone."""
     uses = {}
     for n in nodes:
         for i in n.inputs:
@@ -76,8 +80,15 @@ def fuse(graph, nodes, views):
     by_name = {n.name: n for n in nodes}
     absorbed = set()
     groups = []
+    twins = cell_twins(nodes)
+    pair = {**{m.name: by_name[s] for s, m in twins.items()}, **{s: by_name[s] for s in twins}}
     for n in nodes:
         if n.name in absorbed or n.name in views:
+            continue
+        if n.name in pair:
+            seq = pair[n.name]
+            absorbed.update([seq.name, twins[seq.name].name])
+            groups.append(Group([seq, twins[seq.name]], seq.name, [twins[seq.name].name]))
             continue
         members = [n]
         # pad folded into a following conv2d

@@ -111,7 +111,8 @@ def plan(st: CompileState):
     g, store = st.graph, st.store
     steps, scratch = [], []
     for t, (kern, _) in enumerate(st.commands):
-        steps.append(([store(a.name) for a in kern.args if a.kind == "value"], [store(kern.out)]))
+        writes = [store(v) for v in [kern.out, *kern.also]]
+        steps.append(([store(a.name) for a in kern.args if a.kind == "value"], writes))
         scratch += [planner.Buffer(f"{t}:{a.name}", a.nbytes, t, t, ALIGN) for a in kern.args if a.kind == "scratch"]
     # a state's next value is copied into the state's buffer right after the command producing
     # it (its arena bytes are then free after its last reader), or at the end of the run
@@ -120,7 +121,7 @@ def plan(st: CompileState):
     outs = {store(o) for o in kept}
     first, last = planner.lifetimes([store(v) for v in g.inputs], steps, [store(o) for o in kept])
     size = {store(v): g.types[v].nbytes for v in g.inputs}
-    size.update({store(kern.out): g.types[kern.out].nbytes for kern, _ in st.commands})
+    size.update({store(v): g.types[v].nbytes for kern, _ in st.commands for v in [kern.out, *kern.also]})
     bufs = [planner.Buffer(s, size[s], first[s], max(last[s], first[s]), ALIGN) for s in first] + scratch
     aliases = []
     for t, (kern, _) in enumerate(st.commands):
@@ -135,7 +136,7 @@ def plan(st: CompileState):
 def _state_copies(st: CompileState):
     """state -> the command after which the run saves its next value: the command producing it,
     when no later command reads the state's current value; else None (the end of the run)."""
-    producer = {st.store(kern.out): t for t, (kern, _) in enumerate(st.commands)}
+    producer = {st.store(v): t for t, (kern, _) in enumerate(st.commands) for v in [kern.out, *kern.also]}
     out = {}
     for s, v in st.graph.states.items():
         t = producer.get(st.store(v))
@@ -229,7 +230,7 @@ def _command_buffer(st: CompileState):
             arr = np.asarray(offs, np.uint32)
             data.append(const_ref(kern, Arg("const", f"{kern.name}.offsets", "uint32", arr.nbytes), arr))
             record = []
-        commands.append(dict(name=kern.nodes[-1], ops="+".join(kern.ops), kernel=kid[shared.name], macs=kern.macs,
+        commands.append(dict(name=kern.out, ops="+".join(kern.ops), kernel=kid[shared.name], macs=kern.macs,
                              offs=offs, record_offs=record, data=data, nodes=kern.nodes,
                              c_function=shared.name))
     return consts, commands

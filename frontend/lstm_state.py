@@ -3,7 +3,9 @@ TFLite's variable tensors that LiteRT and TFLite Micro carry from one invocation
 
 ``carry_state`` adds the next-state values after an ``lstm`` node: ``h0 <- y[:, T-1]`` (a slice and
 a reshape of its output) and ``c0 <- lstm(...; output="cell")`` (a second lstm node with the same
-inputs returning the final cell state: the op has one output, so the recurrence is computed twice).
+inputs returning the final cell state, its *cell twin*: the op has one output). The NumPy
+reference runs the twin's recurrence again; the C backend lowers the pair as one kernel that writes
+both (``cell_twins``; backends/passes.py fuse), so generated C computes the recurrence once.
 The TFLite importer (ops/recurrent_tflite.py), ``F.lstm(stateful=True)`` and ``nn.LSTM(stateful=True)``
 build it; the exporter recognises it (``state_nodes``) and writes one operator with variable
 tensors. Runners keep the states as for any stateful graph (docs/sequence_models.md).
@@ -25,7 +27,7 @@ def carry_state(g, name, h_next=None, c_next=None):
     """Make the lstm node ``name``'s initial states (constants: their reset values) graph states
     (``graph.states``) updated with its last step: ``h0 <- y[:, T-1]`` (a slice and a reshape of
     the output) and ``c0 <- lstm(...; output="cell")`` (a second lstm node, the final cell state,
-    which recomputes the recurrence). Returns (h_next, c_next), the new values' names."""
+    the sequence node's cell twin). Returns (h_next, c_next), the new values' names."""
     n = g.producer(name)
     if n is None or n.op != "lstm" or n.attrs.get("output", "sequence") != "sequence":
         raise ShapeError(f"carry_state: {name!r} is not the output of an lstm node")
@@ -49,6 +51,28 @@ def carry_state(g, name, h_next=None, c_next=None):
     return h_next, c_next
 
 
+def is_cell_twin(n, m):
+    """Whether lstm node ``m`` returns the final cell state of lstm node ``n``'s recurrence:
+    ``n`` gives the sequence, ``m`` has ``output="cell"``, the same inputs and otherwise the same
+    attributes (the next c0 ``carry_state`` adds)."""
+    if n.op != "lstm" or m.op != "lstm" or n.attrs.get("output", "sequence") != "sequence" \
+            or m.attrs.get("output") != "cell" or m.inputs != n.inputs:
+        return False
+    return {k: v for k, v in m.attrs.items() if k != "output"} == {k: v for k, v in n.attrs.items() if k != "output"}
+
+
+def cell_twins(nodes):
+    """{sequence lstm node name: its cell twin node} among ``nodes`` (the first twin of each). A
+    backend computes each pair's recurrence once."""
+    seqs = [n for n in nodes if n.op == "lstm" and n.attrs.get("output", "sequence") == "sequence"]
+    out = {}
+    for m in nodes:
+        n = next((s for s in seqs if s.name not in out and is_cell_twin(s, m)), None)
+        if n is not None:
+            out[n.name] = m
+    return out
+
+
 def state_nodes(g, n):
     """(h_next chain, c_next node) when the lstm node ``n`` carries its state as ``carry_state``
     makes it (the slice and reshape names, the final-cell node), else None. The TFLite exporter
@@ -58,9 +82,7 @@ def state_nodes(g, n):
         return None
     cn = g.producer(g.states[c0])
     hn = g.producer(g.states[h0])
-    if cn is None or cn.op != "lstm" or cn.attrs.get("output") != "cell" or cn.inputs != n.inputs \
-            or {k: v for k, v in cn.attrs.items() if k != "output"} != \
-            {k: v for k, v in n.attrs.items() if k != "output"}:
+    if cn is None or not is_cell_twin(n, cn):
         return None
     sl = g.producer(hn.inputs[0]) if hn is not None and hn.op == "reshape" else None
     if sl is None or sl.op != "slice" or sl.inputs != [n.name]:

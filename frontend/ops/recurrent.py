@@ -214,8 +214,8 @@ def _te_step(T, xp, b, h, c, wh, t, clip, dtype):
     return T.te.compute((N, H), hidden, name=f"lstm_hidden{t}"), c2
 
 
-@defrule("lstm", "te")
-def _lstm_te(T, xs, a, out):
+def lstm_te_states(T, xs, a):
+    """The recurrence's TE stages: (every step's hidden state, the final cell state), [N, H] each."""
     x, wx, wh, b = xs[0], xs[1:5], xs[5:9], xs[9:13]
     tm = a["time_major"]
     Tn, N, I = T.shape(x) if tm else (T.shape(x)[1], T.shape(x)[0], T.shape(x)[2])
@@ -231,13 +231,23 @@ def _lstm_te(T, xs, a, out):
     for t in range(Tn):
         h, c = _te_step(T, xp, b, h, c, wh, t, a["cell_clip"], str(x.dtype))
         hs.append(h)
-    if a.get("output") == "cell":
-        return c
+    return hs, c
+
+
+def lstm_te_gather(T, hs, a, shape):
+    """The sequence output [N, T, H] ([T, N, H] time major) from every step's hidden state."""
+    tm = a["time_major"]
 
     def gather(*i):
         n, t, j = (i[1], i[0], i[2]) if tm else i
         v = hs[-1][n, j]
-        for s in range(Tn - 2, -1, -1):
+        for s in range(len(hs) - 2, -1, -1):
             v = T.tirx.Select(t == s, hs[s][n, j], v)
         return v
-    return T.te.compute(out.shape, gather, name="lstm")
+    return T.te.compute(shape, gather, name="lstm")
+
+
+@defrule("lstm", "te")
+def _lstm_te(T, xs, a, out):
+    hs, c = lstm_te_states(T, xs, a)
+    return c if a.get("output") == "cell" else lstm_te_gather(T, hs, a, out.shape)

@@ -55,3 +55,42 @@ def test_lstm_stream_on_board(acts, tmp_path):
     golden(str(path), gold, [(x,) for x in xs], oracle="reference")
     rep = verify(str(path), gold, "mps2-an386", options={"out": str(tmp_path / "board")})
     assert rep["ok"] and rep["matched"] == 5, rep["results"]
+
+
+@pytest.mark.parametrize("acts", ["float32", "int8", "int16"])
+def test_the_recurrence_runs_once(acts, tmp_path):
+    """The sequence lstm and its cell twin (the next c0) are one command whose kernel writes both
+    outputs: one recurrence's MACs, the final cell state a second output parameter, and the
+    host C stream equal to the reference (float within 1e-6)."""
+    g = lstm_model(2, 3, head=True)
+    if acts != "float32":
+        g = ptq(g, np.random.default_rng(2).standard_normal((96, 3, 3)).astype(np.float32), int8_io=True,
+                activations=acts)
+    seq = next(n for n in g.nodes if n.op == "lstm" and n.attrs["output"] == "sequence")
+    twin = g.producer(g.states[seq.inputs[14]])
+    pkg = compile_pkg(g, target="host", out_dir=str(tmp_path), plot=False, measure_size=False)
+    man = json.load(open(tmp_path / "manifest.json"))
+    lstm = [c for c in man["commands"] if "lstm" in c["ops"].split("+")]
+    assert len(lstm) == 1, [c["ops"] for c in man["commands"]]
+    assert lstm[0]["nodes"] == [seq.name, twin.name] and lstm[0]["name"] == seq.name
+    assert lstm[0]["macs"] == 2 * 3 * 4 * 5 * (3 + 5)          # N T 4 H (I + H): once
+    xs = stream((2, 3, 3), 5, 4, acts)
+    want = kiln_stream(g, xs)
+    for k, x in enumerate(xs):
+        got = pkg.run(x)[0]
+        if acts == "float32":
+            np.testing.assert_allclose(got, want[k], rtol=0, atol=1e-6, err_msg=f"invocation {k}")
+        else:
+            assert np.array_equal(got, want[k]), f"invocation {k}"
+
+
+def test_a_kernel_must_write_what_its_group_covers():
+    """A group whose rule leaves one of its outputs unwritten is a LoweringError naming it."""
+    from kiln.backends.cpus import get as get_target
+    from kiln.backends.lower import LoweringError, lower_group
+    from kiln.backends.passes import Group, constants
+    g = lstm_model(1, 2)
+    seq, twin, sl = g.nodes[0], g.nodes[1], g.nodes[2]
+    with pytest.raises(LoweringError, match=f"did not write '{sl.name}'"):
+        lower_group(g, Group([seq, sl], seq.name, [sl.name]), get_target("host"), constants(g), "k")
+    assert twin.attrs["output"] == "cell"
