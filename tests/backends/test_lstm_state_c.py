@@ -8,6 +8,8 @@ import json
 import numpy as np
 import pytest
 
+import kiln
+
 from kiln.backends import compile as compile_pkg
 from kiln.quantize import ptq
 from kiln.quantize.tflite_export import export_tflite
@@ -82,6 +84,23 @@ def test_the_recurrence_runs_once(acts, tmp_path):
             np.testing.assert_allclose(got, want[k], rtol=0, atol=1e-6, err_msg=f"invocation {k}")
         else:
             assert np.array_equal(got, want[k]), f"invocation {k}"
+
+
+def test_a_final_cell_output_shares_the_kernel(tmp_path):
+    """A graph returning an LSTM's sequence and its final cell state (no graph state) runs one
+    kernel for both; a cell node with another cell clip is not the twin and keeps its own."""
+    from tests.frontend.test_lstm_state import _lstm_graph
+    from kiln.frontend.ops.recurrent import LSTM_INPUTS
+    g = _lstm_graph(variable_like=False)
+    g.add_node("lstm", list(LSTM_INPUTS), {"output": "cell"}, name="c_T")
+    g.add_node("lstm", list(LSTM_INPUTS), {"output": "cell", "cell_clip": 0.5}, name="c_clip")
+    g.outputs = ["y", "c_T", "c_clip"]
+    pkg = compile_pkg(g.validate(), target="host", out_dir=str(tmp_path), plot=False, measure_size=False)
+    man = json.load(open(tmp_path / "manifest.json"))
+    assert [c["nodes"] for c in man["commands"]] == [["y", "c_T"], ["c_clip"]]
+    x = stream((1, 2, 3), 1, 6)[0]
+    for got, want in zip(pkg.run(x), kiln.run(g, x)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
 def test_a_kernel_must_write_what_its_group_covers():

@@ -15,7 +15,7 @@ from kiln.frontend import Graph, TensorType
 from kiln.frontend import functional as F
 from kiln.frontend.errors import KilnError
 from kiln.frontend.executor import run_stateful
-from kiln.frontend.lstm_state import carry_state
+from kiln.frontend.lstm_state import carry_state, cell_twins, is_cell_twin, state_nodes
 from kiln.frontend.ops.recurrent import LSTM_INPUTS
 from kiln.frontend.tflite_import import load_tflite
 from kiln.quantize import ptq
@@ -150,6 +150,20 @@ def _lstm_graph(variable_like=True):
     if variable_like:
         carry_state(g, "y")
     return g.validate()
+
+
+def test_cell_twins():
+    """carry_state's final-cell node is the sequence node's cell twin (same inputs and attributes
+    but the output); another cell node, or one with other attributes, is not."""
+    g = _lstm_graph()
+    seq, twin = g.nodes[0], g.nodes[1]
+    assert is_cell_twin(seq, twin) and not is_cell_twin(twin, seq) and not is_cell_twin(seq, seq)
+    assert cell_twins(g.nodes) == {"y": twin} and state_nodes(g, seq)[1] is twin
+    other = g.add_node("lstm", list(LSTM_INPUTS), {"output": "cell", "cell_clip": 3.0}, name="c_clip")
+    assert not is_cell_twin(seq, g.producer(other))
+    g.add_node("lstm", list(LSTM_INPUTS), {"output": "cell"}, name="c_again")
+    assert cell_twins(g.nodes) == {"y": twin}           # the first twin only
+    assert cell_twins([twin]) == {}
 
 
 def test_a_constant_state_keeps_every_run_from_it():
