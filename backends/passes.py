@@ -80,15 +80,15 @@ def fuse(graph, nodes, views):
     by_name = {n.name: n for n in nodes}
     absorbed = set()
     groups = []
-    twins = cell_twins(nodes)
-    pair = {**{m.name: by_name[s] for s, m in twins.items()}, **{s: by_name[s] for s in twins}}
+    twins = cell_twins(nodes)                   # sequence lstm -> its cell twin
+    seq_of = {v: s for s, m in twins.items() for v in (s, m.name)}
     for n in nodes:
         if n.name in absorbed or n.name in views:
             continue
-        if n.name in pair:
-            seq = pair[n.name]
-            absorbed.update([seq.name, twins[seq.name].name])
-            groups.append(Group([seq, twins[seq.name]], seq.name, [twins[seq.name].name]))
+        if n.name in seq_of:                      # at whichever of the two comes first
+            seq, twin = by_name[seq_of[n.name]], twins[seq_of[n.name]]
+            absorbed.update([seq.name, twin.name])
+            groups.append(Group([seq, twin], seq.name, [twin.name]))
             continue
         members = [n]
         # pad folded into a following conv2d

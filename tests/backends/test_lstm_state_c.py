@@ -2,14 +2,14 @@
 carried from one kiln_model_run to the next and reset by kiln_reset_state(); float within 1e-6 of
 the reference over a stream on the host, and streams on the emulated mps2-an386 (float, int8 and
 16x8) equal to the reference, itself bit-exact with TensorFlow Lite Micro
-(tests/frontend/test_lstm_state.py)."""
+(tests/frontend/test_lstm_state.py). The sequence lstm and its cell twin (the next c0) are one
+command: the recurrence runs once."""
 import json
 
 import numpy as np
 import pytest
 
 import kiln
-
 from kiln.backends import compile as compile_pkg
 from kiln.quantize import ptq
 from kiln.quantize.tflite_export import export_tflite
@@ -86,14 +86,18 @@ def test_the_recurrence_runs_once(acts, tmp_path):
             assert np.array_equal(got, want[k]), f"invocation {k}"
 
 
-def test_a_final_cell_output_shares_the_kernel(tmp_path):
+@pytest.mark.parametrize("twin_first", [False, True])
+def test_a_final_cell_output_shares_the_kernel(twin_first, tmp_path):
     """A graph returning an LSTM's sequence and its final cell state (no graph state) runs one
-    kernel for both; a cell node with another cell clip is not the twin and keeps its own."""
-    from tests.frontend.test_lstm_state import _lstm_graph
+    kernel for both, where the first of the two stands; a cell node with another cell clip is
+    not the twin and keeps its own."""
     from kiln.frontend.ops.recurrent import LSTM_INPUTS
+    from tests.frontend.test_lstm_state import _lstm_graph
     g = _lstm_graph(variable_like=False)
-    g.add_node("lstm", list(LSTM_INPUTS), {"output": "cell"}, name="c_T")
     g.add_node("lstm", list(LSTM_INPUTS), {"output": "cell", "cell_clip": 0.5}, name="c_clip")
+    g.add_node("lstm", list(LSTM_INPUTS), {"output": "cell"}, name="c_T")
+    if twin_first:
+        g.nodes = g.nodes[::-1]
     g.outputs = ["y", "c_T", "c_clip"]
     pkg = compile_pkg(g.validate(), target="host", out_dir=str(tmp_path), plot=False, measure_size=False)
     man = json.load(open(tmp_path / "manifest.json"))
