@@ -13,6 +13,13 @@ the step's largest gradient). Prints one JSON object; --markdown also writes the
         [--dtypes float32,float16,bfloat16] [--markdown table.md]
 
 Exit status 1 when a case is over its tolerance or a guard zone was written.
+
+--conditioning compiles and runs nothing: for each model's batch-64 training step and each half
+dtype it prints the rounding floor (cuda_sim.rounding_floor64, with the mixed-precision storage
+map) twice: as the check computes it, and with every boolean value of the step (the ReLU/ReLU6
+masks of the backward pass, comparisons) held at its exact float64 value (frozen_branches). A
+floor that collapses when the branches are held comes from inputs crossing a kink, not from a
+smooth amplification.
 """
 from __future__ import annotations
 
@@ -50,6 +57,38 @@ def zoo_case(name, batch, train, seed=0):
         y = rng.standard_normal(sg.graph.types[sg.target_input].shape).astype(np.float32)
     feeds = sg.feeds(x, y, 1)
     return sg.graph, [feeds[k] for k in sg.graph.inputs]
+
+
+def frozen_branches(graph, values):
+    """A copy of ``graph`` in which every node with a boolean result (the ReLU/ReLU6 masks of a
+    training step's backward pass, comparisons) is replaced by the constant ``values[name]``: the
+    step on the branches that ``values`` took, smooth in its inputs and parameters."""
+    g = graph.copy()
+    held = {n.name for n in g.nodes if g.types[n.name].dtype == "bool"}
+    g.nodes = [n for n in g.nodes if n.name not in held]
+    for k in held:
+        g.consts[k] = np.asarray(values[k], bool)
+    return g
+
+
+def conditioning(name, dtype, batch=64):
+    """{"floor", "worst", "floor_fixed_branches", "worst_fixed", "branches"} of zoo model
+    ``name``'s training step: its largest rounding floor in ``dtype`` (mixed-precision storage),
+    the same with the step's boolean values held at the exact float64 step's (frozen_branches),
+    the outputs where each is largest and how many boolean values were held."""
+    from kiln.backends import cuda_sim, tvm_te
+    from kiln.frontend import executor
+    graph, inputs = zoo_case(name, batch, True)
+    held = [n.name for n in graph.nodes if graph.types[n.name].dtype == "bool"]
+    want, kept = executor.run(cuda_sim.float64_graph(graph), *[np.asarray(x, np.float64) if x.dtype == np.float32
+                                                               else x for x in inputs], keep=held)
+    storage = tvm_te.precision_plan(graph, dtype, "mixed").storage
+    r = {"model": name, "dtype": dtype, "branches": len(held)}
+    for key, g in (("", graph), ("_fixed_branches", frozen_branches(graph, kept))):
+        floor = cuda_sim.rounding_floor64(g, inputs, want, None, dtype, storage=storage)
+        worst = max(floor, key=floor.get)
+        r["floor" + key], r["worst" + ("_fixed" if key else "")] = float(f"{floor[worst]:.3g}"), worst
+    return r
 
 
 def run_case(name, case, workdir, dtype="float32", batch=None, check=False):
@@ -96,7 +135,13 @@ def main(argv=None):
     p.add_argument("--dtypes", default="float32", help="comma-separated storage dtypes: float32, float16, bfloat16 "
                    "(default: float32)")
     p.add_argument("--markdown", metavar="PATH", help="also write the table to this file")
+    p.add_argument("--conditioning", action="store_true", help="only measure each training step's rounding floor "
+                   "with and without its ReLU masks held (no package is built)")
     a = p.parse_args(argv)
+    if a.conditioning:
+        rows = [conditioning(m.strip(), dt.strip()) for m in a.models.split(",") for dt in a.dtypes.split(",")]
+        print(json.dumps({"conditioning": rows}))
+        return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="kiln-cuda-sim-zoo-") as work:
         for m in a.models.split(","):

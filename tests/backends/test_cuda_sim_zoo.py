@@ -72,3 +72,23 @@ def test_a_wrong_weight_is_caught(tmp_path):
     blob.tofile(os.path.join(pkg, m.weights_file))
     r = cuda_sim.check64(pkg, graph, inputs)
     assert not r["ok"] and r["max_err"] > 5 * r["tolerance"], r
+
+
+def test_frozen_branches_replace_every_boolean_value_and_keep_the_step():
+    graph, inputs = cuda_sim_zoo.zoo_case("fc-autoencoder", 8, True)
+    g64 = cuda_sim.float64_graph(graph)
+    held = [n.name for n in graph.nodes if graph.types[n.name].dtype == "bool"]
+    want, kept = executor.run(g64, *[x.astype(np.float64) for x in inputs], keep=held)
+    frozen = cuda_sim_zoo.frozen_branches(graph, kept)
+    assert len(held) == 9 and not any(frozen.types[n.name].dtype == "bool" for n in frozen.nodes)
+    assert all(frozen.consts[k].dtype == bool for k in held) and len(graph.nodes) == len(frozen.nodes) + 9
+    got = executor.run(cuda_sim.float64_graph(frozen), *[x.astype(np.float64) for x in inputs])
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)             # the same step on the same branches
+
+
+def test_half_rounding_floor_of_a_relu_step_is_its_masks_flipping():
+    """fc-autoencoder's float16 training step is 11% off float64 from rounding its inputs and
+    weights alone; on the exact step's ReLU branches the same rounding costs under 1%."""
+    r = cuda_sim_zoo.conditioning("fc-autoencoder", "float16")
+    assert r["branches"] == 9 and r["floor"] > 0.05 and r["floor"] > 10 * r["floor_fixed_branches"], r
