@@ -22,7 +22,6 @@ import collections
 import dataclasses
 import re
 
-import numpy as np
 import tvm_ffi
 from tvm import tirx
 
@@ -75,37 +74,44 @@ def template(func, slots):
 
 
 def _c_literal(v, dt):
-    """``v`` as TVM prints a constant of the array's type (so the members' C differs only in
-    literals, as separately built ones do)."""
-    if dt == "int64":
-        return f"(int64_t){v}"
-    return "(-2147483647 - 1)" if v == -2**31 else str(v)
+    """``v`` as TVM prints an integer constant of type ``dt`` (so a member's C is the C its own
+    build would have had)."""
+    if dt == "int32":
+        return "(-2147483647 - 1)" if v == -2**31 else str(v)
+    return f"({dt}_t){v}"
 
 
-def instantiate(built, kname, arrays):
+def instantiate(built, kname, consts, folded=False):
     """A member's own Built from the template's: the function named ``kname``, without the literal
-    parameters, each ``kiln_lits_t[i]`` replaced by the member's value as a C literal of its type
-    (an int, or an int64_t), so ``families.share`` shares its function as it shares separately
-    built kernels."""
+    parameters, each ``kiln_lits_t[i]`` (with the cast back to the constant's type, if any)
+    replaced by the member's constant as TVM prints one of its type. ``consts``: {array name:
+    [(dtype, value)] of the member's constants in the array's order}; ``folded``: with constants
+    folded as TVM folds them (:func:`fold`)."""
     keep = [i for i, p in enumerate(built.cparams) if p.name not in _ARRAYS.values()]
     head, _, body = built.source.partition("\n")
     for dt, arr in _ARRAYS.items():
-        if arr in arrays:
-            vals = arrays[arr]
-            body = re.sub(rf"\b{arr}\[(\d+)\]", lambda mo: _c_literal(int(vals[int(mo.group(1))]), dt), body)
-            head = re.sub(rf", const {dt}_t\* {arr}\b", "", head)
+        if arr not in consts:
+            continue
+        vals = consts[arr]
+
+        def cast(mo, vals=vals):
+            odt, v = vals[int(mo.group(2))]
+            return _c_literal(v, odt) if mo.group(1) == odt else mo.group()
+        body = re.sub(rf"\(\((\w+)_t\){arr}\[(\d+)\]\)", cast, body)
+        body = re.sub(rf"\b{arr}\[(\d+)\]", lambda mo, vals=vals: _c_literal(vals[int(mo.group(1))][1], dt), body)
+        head = re.sub(rf", const {dt}_t\* {arr}\b", "", head)
+    body = fold(body) if folded else body
     head = re.sub(rf"\b{re.escape(built.name)}\(", f"{kname}(", head, count=1)
     return dataclasses.replace(built, name=kname, cparams=[built.cparams[i] for i in keep],
                                roles=[built.roles[i] for i in keep], source=head + "\n" + body)
 
 
-def _values(vals, slots, dt):
-    out = [0] * sum(1 for d, _ in slots.values() if d == dt)
-    for j, (d, i) in slots.items():
-        if d == dt:
-            out[i] = vals[j][1]
-    a = np.asarray(out, np.int64)
-    return ((a + 2**31) % 2**32 - 2**31).astype(np.int32) if dt == "int32" else a
+def _consts(vals, slots):
+    """{array name: [(dtype, value)]} of a member's constants at ``slots``."""
+    out = {}
+    for j, (dt, i) in sorted(slots.items(), key=lambda kv: kv[1]):
+        out.setdefault(_ARRAYS[dt], []).append(vals[j])
+    return out
 
 
 def build_all(scheduled, cache: BuildCache, min_family=families.MIN_FAMILY):
@@ -153,7 +159,41 @@ def _build_family(scheduled, lits, members, cache, out):
                             head.kinds + tuple(("const", dt) for dt in ("int32", "int64") if count[dt]))
     except Exception:  # noqa: BLE001 (TVM's errors and LoweringError alike)
         return          # e.g. a differing constant sizes a buffer: each member is built on its own
+    # one member built on its own must come out as the template gives it: TVM folds constants
+    # (``x[(i2 + 3)]`` where the template has ``x[((1 * 3) + i2)]``), and the C-level merge
+    # (families.py) would no longer join the members with kernels built on their own
+    probe = scheduled[members[-1]]
+    own = _normalized(cache.build(probe.func, probe.kname, probe.ro, probe.kinds))
+    for folded in (False, True):
+        if _normalized(instantiate(built, probe.kname, _consts(lits[members[-1]], slots), folded)) == own:
+            break
+    else:
+        return
     cache.templates += 1
     for m in members:
-        arrays = {_ARRAYS[dt]: _values(lits[m], slots, dt) for dt in ("int32", "int64") if count[dt]}
-        out[m] = instantiate(built, scheduled[m].kname, arrays)
+        out[m] = instantiate(built, scheduled[m].kname, _consts(lits[m], slots), folded)
+
+
+_PRODUCT = re.compile(r"\((-?\d+) ([*+]) (-?\d+)\)")
+_CONST_FIRST = re.compile(r"\((-?\d+) \+ (\w+)\)")
+
+
+def fold(body):
+    """``body`` with what TVM's simplifier does to an index of constants: ``(1 * 3)`` -> ``3``
+    (int results only), then ``(3 + i2)`` -> ``(i2 + 3)``. Used only where it gives the C of a
+    member's own build."""
+    def product(mo):
+        a, b = int(mo.group(1)), int(mo.group(3))
+        v = a * b if mo.group(2) == "*" else a + b
+        return str(v) if abs(v) <= 2**31 - 1 else mo.group()
+    body = _PRODUCT.sub(product, body)
+    return _CONST_FIRST.sub(lambda mo: f"({mo.group(2)} + {mo.group(1)})", body)
+
+
+def _normalized(built):
+    """A Built's C with its name and its parameters' names blanked."""
+    src = built.source.replace(f"{built.name}(", "@(", 1)
+    names = [p.name for p in built.cparams]
+    if names:
+        src = re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b", lambda mo: f"@{names.index(mo.group())}", src)
+    return src
