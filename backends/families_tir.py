@@ -174,8 +174,8 @@ def _build_family(scheduled, lits, members, cache, out):
         out[m] = instantiate(built, scheduled[m].kname, _consts(lits[m], slots), folded)
 
 
-_PRODUCT = re.compile(r"\((-?\d+) ([*+]) (-?\d+)\)")
-_CONST_FIRST = re.compile(r"\((-?\d+) \+ (\w+)\)")
+_PRODUCT = re.compile(r"(?<![\w\]])\((-?\d+) ([*+]) (-?\d+)\)")      # not a call's parentheses
+_CONST_FIRST = re.compile(r"(?<![\w\]])\((-?\d+) \+ (\w+)\)")
 
 
 def fold(body):
