@@ -10,11 +10,15 @@ members becomes one *template*: the integer constants that differ between its me
 replaced by loads from extra parameters (``kiln_lits_t``: int32, holding the constants of 32
 bits or fewer with their C type restored by a cast; ``kiln_lits64_t``: int64), TVM builds the
 template once, and each member's C is the template's with the loads replaced by its own values
-as C literals of their types: every expression computes what the member's own build computed
-(bit-exact; TVM only did not fold the member's constants). ``families.share`` then shares one
-function among the members as it did among separately built kernels. Members whose constants
-are all equal are left to ``lower.BuildCache``; a family whose template TVM cannot build (a
-constant that sizes a buffer) is built member by member.
+written as TVM prints a constant of their type (``(uint32_t)2147537983``), with index
+arithmetic of constants folded as TVM folds it where that is needed (:func:`fold`). Every
+expression computes what the member's own build computed (bit-exact), and the text is the one
+its own build would have had: one member of each family is also built on its own, and the
+template is used only when that member's C comes out the same (else the family is built member
+by member, as before). ``families.share`` therefore merges the members with the kernels built
+on their own exactly as it did: the package does not change, TVM builds fewer kernels. Members
+whose constants are all equal are left to ``lower.BuildCache``; a family whose template TVM
+cannot build (a constant that sizes a buffer) is built member by member.
 """
 from __future__ import annotations
 
@@ -109,7 +113,7 @@ def instantiate(built, kname, consts, folded=False):
 def _consts(vals, slots):
     """{array name: [(dtype, value)]} of a member's constants at ``slots``."""
     out = {}
-    for j, (dt, i) in sorted(slots.items(), key=lambda kv: kv[1]):
+    for j, (dt, _) in sorted(slots.items(), key=lambda kv: kv[1]):
         out.setdefault(_ARRAYS[dt], []).append(vals[j])
     return out
 
@@ -163,9 +167,9 @@ def _build_family(scheduled, lits, members, cache, out):
     # (``x[(i2 + 3)]`` where the template has ``x[((1 * 3) + i2)]``), and the C-level merge
     # (families.py) would no longer join the members with kernels built on their own
     probe = scheduled[members[-1]]
-    own = _normalized(cache.build(probe.func, probe.kname, probe.ro, probe.kinds))
+    own = normalized(cache.build(probe.func, probe.kname, probe.ro, probe.kinds))
     for folded in (False, True):
-        if _normalized(instantiate(built, probe.kname, _consts(lits[members[-1]], slots), folded)) == own:
+        if normalized(instantiate(built, probe.kname, _consts(lits[members[-1]], slots), folded)) == own:
             break
     else:
         return
@@ -190,7 +194,7 @@ def fold(body):
     return _CONST_FIRST.sub(lambda mo: f"({mo.group(2)} + {mo.group(1)})", body)
 
 
-def _normalized(built):
+def normalized(built):
     """A Built's C with its name and its parameters' names blanked."""
     src = built.source.replace(f"{built.name}(", "@(", 1)
     names = [p.name for p in built.cparams]
