@@ -350,8 +350,8 @@ def lower_group(graph, group, target, consts, kname, cache=None) -> Kernel:
 @dataclasses.dataclass
 class Scheduled:
     """A fused group lowered to TE and scheduled, not yet built by TVM: its scheduled PrimFunc
-    (parameters: the placeholders ``phs`` then the output), read-only parameter names and the
-    (kind, dtype) of each placeholder."""
+    (parameters: the placeholders ``phs`` then the outputs, the graph values ``values``),
+    read-only parameter names and the (kind, dtype) of each placeholder."""
     k: KernelBuilder
     group: object
     kname: str
@@ -359,7 +359,7 @@ class Scheduled:
     func: object
     ro: list
     kinds: tuple
-    want: object
+    values: list
 
 
 def schedule_group(graph, group, target, consts, kname) -> Scheduled:
@@ -380,20 +380,20 @@ def schedule_group(graph, group, target, consts, kname) -> Scheduled:
     sch = s_tir.Schedule(func)
     (k.schedule_fn or default_schedule)(sch, out.op.name)
     return Scheduled(k, group, kname, phs, sch.mod["main"], [ph.op.name for ph in phs],
-                     tuple((k.placeholders[ph].kind, k.placeholders[ph].dtype) for ph in phs), want)
+                     tuple((k.placeholders[ph].kind, k.placeholders[ph].dtype) for ph in phs), values)
 
 
 def kernel_of(s: Scheduled, built) -> Kernel:
     """The kernel of a scheduled group built as ``built`` (its own build, an equal one's, or its
     family's template with its constants: families_tir.py)."""
-    k, group, kname, phs, want = s.k, s.group, s.kname, s.phs, s.want
+    k, group, kname, phs, values, types = s.k, s.group, s.kname, s.phs, s.values, s.k.graph.types
     args = []
     for p, role in zip(built.cparams, built.roles):
         if role == "scratch":
             args.append(Arg("scratch", f"{kname}.{p.name}", p.dtype, p.scratch_bytes, writes=True))
         elif role >= len(phs):
             v = values[role - len(phs)]
-            args.append(Arg("value", v, c_storage(graph.types[v].dtype), graph.types[v].nbytes, writes=True))
+            args.append(Arg("value", v, c_storage(types[v].dtype), types[v].nbytes, writes=True))
         else:
             args.append(k.placeholders[phs[role]])
     kern = Kernel(kname, [n.name for n in group.nodes], [n.op for n in group.nodes], group.out, args,

@@ -91,9 +91,10 @@ def fuse(st: CompileState):
 def lower(st: CompileState):
     """Needs: fuse. One TVM kernel per group; kernels equal up to their buffers (the time steps
     of an unrolled RNN) are built once (lower.BuildCache), a family of scheduled kernels differing
-    only in integer constants is built once as a template (families_tir.py), and, like any kernels with the same C text, they share one C function; a
-    family of kernels whose C differs only in integer literals shares one function taking the
-    literals as constants (backends/families.py). ``tvm_builds``: how many TVM builds it took."""
+    only in integer constants is built once as a template (families_tir.py), and, like any
+    kernels with the same C text, they share one C function; a family of kernels whose C differs
+    only in integer literals shares one function taking the literals as constants
+    (backends/families.py). ``tvm_builds``: how many TVM builds it took."""
     kernels, uniq, cmds = [], {}, []
     cache = BuildCache()
     scheduled = [schedule_group(st.graph, grp, st.target, st.consts, f"k{idx:02d}_{emit.c_ident(grp.name)}"[:48])
