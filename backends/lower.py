@@ -343,6 +343,27 @@ def lower_group(graph, group, target, consts, kname, cache=None) -> Kernel:
     (a :class:`BuildCache`, one per compile) shares the TVM build of structurally equal scheduled
     functions: a kernel equal to an earlier one up to its buffers' names (the time steps of an
     unrolled RNN) gets the earlier kernel's C function (``source``) instead of a new build."""
+    s = schedule_group(graph, group, target, consts, kname)
+    return kernel_of(s, (cache if cache is not None else BuildCache()).build(s.func, kname, s.ro, s.kinds))
+
+
+@dataclasses.dataclass
+class Scheduled:
+    """A fused group lowered to TE and scheduled, not yet built by TVM: its scheduled PrimFunc
+    (parameters: the placeholders ``phs`` then the outputs, the graph values ``values``),
+    read-only parameter names and the (kind, dtype) of each placeholder."""
+    k: KernelBuilder
+    group: object
+    kname: str
+    phs: list
+    func: object
+    ro: list
+    kinds: tuple
+    values: list
+
+
+def schedule_group(graph, group, target, consts, kname) -> Scheduled:
+    """A group's nodes through their lowering rules, as one scheduled PrimFunc (no TVM build)."""
     k = KernelBuilder(graph, group, target, consts)
     out = _lower_nodes(k, graph, group, target)
     missing = [v for v in group.also if v not in k.also]
@@ -358,16 +379,21 @@ def lower_group(graph, group, target, consts, kname, cache=None) -> Kernel:
     func = te.create_prim_func(phs + outs)
     sch = s_tir.Schedule(func)
     (k.schedule_fn or default_schedule)(sch, out.op.name)
-    built = (cache if cache is not None else BuildCache()).build(
-        sch.mod["main"], kname, [ph.op.name for ph in phs], tuple((k.placeholders[ph].kind, k.placeholders[ph].dtype)
-                                                                   for ph in phs))
+    return Scheduled(k, group, kname, phs, sch.mod["main"], [ph.op.name for ph in phs],
+                     tuple((k.placeholders[ph].kind, k.placeholders[ph].dtype) for ph in phs), values)
+
+
+def kernel_of(s: Scheduled, built) -> Kernel:
+    """The kernel of a scheduled group built as ``built`` (its own build, an equal one's, or its
+    family's template with its constants: families_tir.py)."""
+    k, group, kname, phs, values, types = s.k, s.group, s.kname, s.phs, s.values, s.k.graph.types
     args = []
     for p, role in zip(built.cparams, built.roles):
         if role == "scratch":
             args.append(Arg("scratch", f"{kname}.{p.name}", p.dtype, p.scratch_bytes, writes=True))
         elif role >= len(phs):
             v = values[role - len(phs)]
-            args.append(Arg("value", v, c_storage(graph.types[v].dtype), graph.types[v].nbytes, writes=True))
+            args.append(Arg("value", v, c_storage(types[v].dtype), types[v].nbytes, writes=True))
         else:
             args.append(k.placeholders[phs[role]])
     kern = Kernel(kname, [n.name for n in group.nodes], [n.op for n in group.nodes], group.out, args,
@@ -431,6 +457,7 @@ class BuildCache:
     def __init__(self):
         self._by_hash = {}
         self.hits = self.builds = 0
+        self.templates = 0      # families built once as a template (families_tir.py)
 
     def build(self, func, kname, ro, kinds) -> Built:
         key = (tvm_ffi.structural_hash(func), kinds)

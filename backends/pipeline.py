@@ -22,9 +22,9 @@ from kiln.frontend.errors import KilnError
 from kiln.frontend.graph import Graph
 from kiln.frontend.loader import load_model
 
-from . import emit, families, ops, passes, planner  # noqa: F401  (ops: fills the registry's C lowerings)
+from . import emit, families, families_tir, ops, passes, planner  # noqa: F401  (ops: fills the registry's C lowerings)
 from .cpus import TargetSpec
-from .lower import Arg, BuildCache, lower_group, register_pending, source_key
+from .lower import Arg, BuildCache, kernel_of, register_pending, schedule_group, source_key
 from .manifest import Command, Manifest, Tensor
 
 ALIGN = 4   # arena buffer alignment (int32/float accesses); the arena itself is 16-byte aligned
@@ -53,6 +53,7 @@ class CompileState:
     groups: list = dataclasses.field(default_factory=list)    # fuse: [passes.Group]
     kernels: list = dataclasses.field(default_factory=list)   # lower: distinct kernels
     commands: list = dataclasses.field(default_factory=list)  # lower: [(kernel, shared kernel)] per command
+    tvm_builds: int = 0                                        # lower: TVM builds (distinct kernels)
     plan: planner.MemoryPlan | None = None                    # plan
     state_copy: dict = dataclasses.field(default_factory=dict)  # plan: state -> command after which it is saved
     manifest: Manifest | None = None                          # emit_package
@@ -89,19 +90,23 @@ def fuse(st: CompileState):
 
 def lower(st: CompileState):
     """Needs: fuse. One TVM kernel per group; kernels equal up to their buffers (the time steps
-    of an unrolled RNN) are built once (lower.BuildCache) and, like any kernels with the same C
-    text, share one C function; a family of kernels differing only in integer literals shares one
-    function taking the literals as constants (backends/families.py)."""
+    of an unrolled RNN) are built once (lower.BuildCache), a family of scheduled kernels differing
+    only in integer constants is built once as a template (families_tir.py), and, like any
+    kernels with the same C text, they share one C function; a family of kernels whose C differs
+    only in integer literals shares one function taking the literals as constants
+    (backends/families.py). ``tvm_builds``: how many TVM builds it took."""
     kernels, uniq, cmds = [], {}, []
     cache = BuildCache()
-    for idx, grp in enumerate(st.groups):
-        kname = f"k{idx:02d}_{emit.c_ident(grp.name)}"[:48]
-        kern = lower_group(st.graph, grp, st.target, st.consts, kname, cache)
+    scheduled = [schedule_group(st.graph, grp, st.target, st.consts, f"k{idx:02d}_{emit.c_ident(grp.name)}"[:48])
+                 for idx, grp in enumerate(st.groups)]
+    for s, built in zip(scheduled, families_tir.build_all(scheduled, cache)):
+        kern = kernel_of(s, built)
         key = (source_key(kern.source, kern.c_function), tuple((a.kind, a.dtype) for a in kern.args))
         if key not in uniq:
             uniq[key] = kern
             kernels.append(kern)
         cmds.append((kern, uniq[key]))
+    st.tvm_builds = cache.builds
     st.kernels, st.commands = families.share(kernels, cmds)
 
 
