@@ -32,6 +32,8 @@ import os
 import time
 
 import numpy as np
+import tvm_ffi
+from tvm import ir, s_tir, tirx
 
 from kiln.frontend.errors import KilnError
 from kiln.frontend.graph import Graph
@@ -253,6 +255,7 @@ def schedule_gpu(name, func, target):
             .with_attr(cuda_int8.NO_NARROW, True)
         check_lowered(name, _lower(tvm.IRModule({name: f}), target))
         return f, "Serial"
+    func = unit_reductions_to_spatial(func)
     errors = []
     for rule in RULES:
         try:
@@ -269,6 +272,61 @@ def schedule_gpu(name, func, target):
         except Exception as e:   # noqa: BLE001 - try the next rule, report all at the end
             errors.append(f"{rule}: {str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__}")
     raise KilnError(f"no GPU schedule for step {name!r}: " + "; ".join(errors))
+
+
+# ---- reductions of one element --------------------------------------------------------------
+def unit_reductions_to_spatial(func):
+    """``func`` with every reduction block whose reduction runs over one element (each reduction
+    iterator of extent 1: a dp4a reduction of a single 4-byte word, a 1x1 convolution over one
+    channel, a sum over an axis of length 1) written as the spatial block it is, ``acc = init
+    (+) term``, with the unit loops that only fed it dropped. DLight's rules see such a block
+    as spatial but keep its init: Fallback then inlined the epilogue into both the init and the
+    update (reading the requantised value back as the accumulator, and binding the
+    requantisation's Let variables twice, which TVM's bound analysis rejects). Functions
+    without such a block are returned unchanged."""
+    f = tvm_ffi.structural_map(func, [(s_tir.SBlockRealize, _unit_reduction_as_spatial)])
+    return f if f.same_as(func) else tvm_ffi.structural_map(f, [(tirx.For, _drop_unit_loop)])
+
+
+def _same_indices(a, b):
+    return len(a) == len(b) and all(tvm_ffi.structural_equal(x, y) for x, y in zip(a, b))
+
+
+def _substitute(node, vmap):
+    return tvm_ffi.structural_map(node, [(tirx.Var, lambda v: vmap.get(v, v))])
+
+
+def _unit_reduction_as_spatial(realize):
+    blk = realize.block
+    init, body = blk.init, blk.body
+    red = {k: iv for k, iv in enumerate(blk.iter_vars) if iv.iter_type == tirx.IterVar.CommReduce}
+    if init is None or not red or any(not isinstance(iv.dom.extent, tirx.IntImm) or int(iv.dom.extent) != 1
+                                      for iv in red.values()):
+        return realize
+    if not (isinstance(init, tirx.BufferStore) and isinstance(body, tirx.BufferStore)
+            and init.buffer.same_as(body.buffer) and _same_indices(init.indices, body.indices)):
+        return realize
+    acc = body.buffer
+
+    def initial(load):      # the accumulator, read by the update: its initial value
+        return init.value if load.source.same_as(acc) and _same_indices(load.indices, body.indices) else load
+    vmap = {iv.var: iv.dom.min for iv in red.values()}
+    value = _substitute(tvm_ffi.structural_map(body.value, [(ir.TensorLoad, initial)]), vmap)
+    keep = [k for k in range(len(blk.iter_vars)) if k not in red]
+    reads = [_substitute(r, vmap) for r in blk.reads if not r.source.same_as(acc)]
+    nb = s_tir.SBlock([blk.iter_vars[k] for k in keep], reads, blk.writes, blk.name_hint,
+                      tirx.BufferStore(acc, value, body.indices), None, blk.alloc_buffers, blk.match_buffers,
+                      blk.annotations)
+    return s_tir.SBlockRealize([realize.iter_values[k] for k in keep], realize.predicate, nb)
+
+
+def _drop_unit_loop(loop):
+    if isinstance(loop.extent, tirx.IntImm) and int(loop.extent) == 1:
+        used = []
+        tvm_ffi.structural_walk(loop.body, [(tirx.Var, lambda v: used.append(1) if v.same_as(loop.loop_var) else None)])
+        if not used:
+            return loop.body
+    return loop
 
 
 def _walk(stmt, fn):
