@@ -666,6 +666,9 @@ def compile(graph: Graph, out_dir, arch="sm_90", dtype="float32", with_updates=F
     ``check``: compile the package with NVRTC and ptxas for ``arch`` (backends/nvrtc.py) and fail
     on a kernel over a GPU limit; None checks when NVRTC is installed."""
     if cuda_int8.is_quantised(graph):
+        if precision is not None or loss_scale is not None:
+            raise KilnError(f"graph {graph.name!r} is quantised: its package stores int8/int16 values; precision "
+                            f"and loss_scale apply to float16/bfloat16 packages of float graphs")
         return _compile_int8(graph, out_dir, arch, dtype, with_updates, params, check)
     if dtype not in DTYPES:
         raise KilnError(f"dtype must be one of {DTYPES}, got {dtype!r}")
