@@ -178,7 +178,7 @@ def _lower_passes():
         s_tir.transform.CanonicalizeLoop(), s_tir.transform.LowerCrossThreadReduction(),
         s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
         s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.LiftThreadBinding(),
-        s_tir.transform.ManifestSharedMemoryLocalStage(), s_tir.transform.CompactBufferAllocation(),
+        s_tir.transform.ManifestSharedMemoryLocalStage(), _compact_buffer_allocation(),
         s_tir.transform.LowerAutoCopy(), s_tir.transform.UnifyThreadBinding(),
         s_tir.transform.LowerMatchBuffer(), s_tir.transform.StmtSimplify(),
         s_tir.transform.InjectPermutedLayout(), s_tir.transform.AnnotateIrregularLoop(),
@@ -204,15 +204,31 @@ def _narrow_data_type():
     requantisation, 'Detected bound for mq conflicts with memorization'; their indices stay as
     Relax typed them)."""
     import tvm
-    narrow = tvm.tirx.transform.NarrowDataType(32)
+    return _unless_marked(tvm.tirx.transform.NarrowDataType(32), cuda_int8.NO_NARROW,
+                          "kiln.NarrowDataTypeUnlessMarked")
 
-    @tvm.ir.transform.module_pass(opt_level=0, name="kiln.NarrowDataTypeUnlessMarked")
+
+def _compact_buffer_allocation():
+    """CompactBufferAllocation, except on step functions scheduled ``Blockwise`` (an LSTM's chain
+    of blocks: the pass ran over 5 minutes on micro_speech_lstm's 198 blocks, where every other
+    lowering pass together takes 26 s). It only shrinks allocations to the region a block
+    touches; without it a step-local temporary keeps the shape its TE compute gave it."""
+    import tvm
+    return _unless_marked(tvm.s_tir.transform.CompactBufferAllocation(), cuda_int8.NO_COMPACT,
+                          "kiln.CompactBufferAllocationUnlessMarked")
+
+
+def _unless_marked(inner, attr, name):
+    """A module pass running ``inner`` on every function without the attribute ``attr``."""
+    import tvm
+
+    @tvm.ir.transform.module_pass(opt_level=0, name=name)
     def run(mod, _ctx):
-        keep = {gv: f for gv, f in mod.functions.items() if f.attrs is not None and cuda_int8.NO_NARROW in f.attrs}
+        keep = {gv: f for gv, f in mod.functions.items() if f.attrs is not None and attr in f.attrs}
         if not keep:
-            return narrow(mod)
+            return inner(mod)
         rest = {gv: f for gv, f in mod.functions.items() if gv not in keep}
-        out = narrow(tvm.IRModule(rest, attrs=mod.attrs)) if rest else mod
+        out = inner(tvm.IRModule(rest, attrs=mod.attrs)) if rest else mod
         for gv, f in keep.items():
             out[gv] = f
         return out
@@ -250,12 +266,16 @@ def schedule_gpu(name, func, target):
     naming the function and what each rule did when none does."""
     import tvm
     from tvm.s_tir import dlight as dl
-    if func.attrs is not None and func.attrs.get(cuda_int8.SCHEDULE) == "Serial":
-        f = cuda_int8.serial_schedule(func).with_attr("tirx.is_scheduled", True).with_attr("global_symbol", name) \
-            .with_attr(cuda_int8.NO_NARROW, True)
-        check_lowered(name, _lower(tvm.IRModule({name: f}), target))
-        return f, "Serial"
     func = unit_reductions_to_spatial(func)
+    own = func.attrs.get(cuda_int8.SCHEDULE) if func.attrs is not None else None
+    if own in ("Serial", "Blockwise"):
+        sched = cuda_int8.serial_schedule if own == "Serial" else cuda_int8.blockwise_schedule
+        f = sched(func).with_attr("tirx.is_scheduled", True).with_attr("global_symbol", name) \
+            .with_attr(cuda_int8.NO_NARROW, True)
+        if own == "Blockwise":
+            f = f.with_attr(cuda_int8.NO_COMPACT, True)
+        check_lowered(name, _lower(tvm.IRModule({name: f}), target))
+        return f, own
     errors = []
     for rule in RULES:
         try:
