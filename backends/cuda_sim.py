@@ -108,11 +108,18 @@ def scalar_byte_gathers(func):
 
     def scalar(load):
         n, idx = _byte_lanes(load.ty), load.indices[-1] if len(load.indices) else None
-        if not n or len(load.indices) != 1 or (isinstance(idx, tirx.Ramp) and isinstance(idx.stride, tirx.IntImm)
-                                               and int(idx.stride) == 1):
-            return load
-        lanes = [tirx.BufferLoad(load.source, [tirx.Shuffle([idx], [tirx.const(k, "int32")])]) for k in range(n)]
-        return tirx.Shuffle(lanes, [tirx.const(k, "int32") for k in range(n)])
+        if not n or len(load.indices) != 1 or not re.fullmatch(r"u?int\d+x\d+", str(idx.ty)) or (
+                isinstance(idx, tirx.Ramp) and isinstance(idx.stride, tirx.IntImm) and int(idx.stride) == 1):
+            return load         # a scalar index (a buffer of vectors) or a contiguous load: no gather
+        if isinstance(idx, tirx.Ramp):
+            at = [idx.base + idx.stride * k for k in range(n)]
+        elif isinstance(idx, tirx.Broadcast):
+            at = [idx.value] * n
+        else:           # a vector expression: bound once, its lanes read as v.s0, v.s1, ...
+            v = tirx.Var("gather_idx", idx.ty)
+            at = [tirx.Shuffle([v], [tirx.const(k, "int32")]) for k in range(n)]
+        vec = tirx.Shuffle([tirx.BufferLoad(load.source, [a]) for a in at], [tirx.const(k, "int32") for k in range(n)])
+        return vec if isinstance(idx, (tirx.Ramp, tirx.Broadcast)) else tirx.Let(v, idx, vec)
     return tvm_ffi.structural_map(func, [(ir.TensorLoad, scalar)])
 
 
