@@ -32,6 +32,8 @@ import os
 import time
 
 import numpy as np
+import tvm_ffi
+from tvm import ir, s_tir, tirx
 
 from kiln.frontend.errors import KilnError
 from kiln.frontend.graph import Graph
@@ -176,7 +178,7 @@ def _lower_passes():
         s_tir.transform.CanonicalizeLoop(), s_tir.transform.LowerCrossThreadReduction(),
         s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
         s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.LiftThreadBinding(),
-        s_tir.transform.ManifestSharedMemoryLocalStage(), s_tir.transform.CompactBufferAllocation(),
+        s_tir.transform.ManifestSharedMemoryLocalStage(), _compact_buffer_allocation(),
         s_tir.transform.LowerAutoCopy(), s_tir.transform.UnifyThreadBinding(),
         s_tir.transform.LowerMatchBuffer(), s_tir.transform.StmtSimplify(),
         s_tir.transform.InjectPermutedLayout(), s_tir.transform.AnnotateIrregularLoop(),
@@ -202,15 +204,31 @@ def _narrow_data_type():
     requantisation, 'Detected bound for mq conflicts with memorization'; their indices stay as
     Relax typed them)."""
     import tvm
-    narrow = tvm.tirx.transform.NarrowDataType(32)
+    return _unless_marked(tvm.tirx.transform.NarrowDataType(32), cuda_int8.NO_NARROW,
+                          "kiln.NarrowDataTypeUnlessMarked")
 
-    @tvm.ir.transform.module_pass(opt_level=0, name="kiln.NarrowDataTypeUnlessMarked")
+
+def _compact_buffer_allocation():
+    """CompactBufferAllocation, except on step functions scheduled ``Blockwise`` (an LSTM's chain
+    of blocks: the pass ran over 5 minutes on micro_speech_lstm's 198 blocks, where every other
+    lowering pass together takes 26 s). It only shrinks allocations to the region a block
+    touches; without it a step-local temporary keeps the shape its TE compute gave it."""
+    import tvm
+    return _unless_marked(tvm.s_tir.transform.CompactBufferAllocation(), cuda_int8.NO_COMPACT,
+                          "kiln.CompactBufferAllocationUnlessMarked")
+
+
+def _unless_marked(inner, attr, name):
+    """A module pass running ``inner`` on every function without the attribute ``attr``."""
+    import tvm
+
+    @tvm.ir.transform.module_pass(opt_level=0, name=name)
     def run(mod, _ctx):
-        keep = {gv: f for gv, f in mod.functions.items() if f.attrs is not None and cuda_int8.NO_NARROW in f.attrs}
+        keep = {gv: f for gv, f in mod.functions.items() if f.attrs is not None and attr in f.attrs}
         if not keep:
-            return narrow(mod)
+            return inner(mod)
         rest = {gv: f for gv, f in mod.functions.items() if gv not in keep}
-        out = narrow(tvm.IRModule(rest, attrs=mod.attrs)) if rest else mod
+        out = inner(tvm.IRModule(rest, attrs=mod.attrs)) if rest else mod
         for gv, f in keep.items():
             out[gv] = f
         return out
@@ -248,11 +266,16 @@ def schedule_gpu(name, func, target):
     naming the function and what each rule did when none does."""
     import tvm
     from tvm.s_tir import dlight as dl
-    if func.attrs is not None and func.attrs.get(cuda_int8.SCHEDULE) == "Serial":
-        f = cuda_int8.serial_schedule(func).with_attr("tirx.is_scheduled", True).with_attr("global_symbol", name) \
+    func = unit_reductions_to_spatial(func)
+    own = func.attrs.get(cuda_int8.SCHEDULE) if func.attrs is not None else None
+    if own in ("Serial", "Blockwise"):
+        sched = cuda_int8.serial_schedule if own == "Serial" else cuda_int8.blockwise_schedule
+        f = sched(func).with_attr("tirx.is_scheduled", True).with_attr("global_symbol", name) \
             .with_attr(cuda_int8.NO_NARROW, True)
+        if own == "Blockwise":
+            f = f.with_attr(cuda_int8.NO_COMPACT, True)
         check_lowered(name, _lower(tvm.IRModule({name: f}), target))
-        return f, "Serial"
+        return f, own
     errors = []
     for rule in RULES:
         try:
@@ -269,6 +292,61 @@ def schedule_gpu(name, func, target):
         except Exception as e:   # noqa: BLE001 - try the next rule, report all at the end
             errors.append(f"{rule}: {str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__}")
     raise KilnError(f"no GPU schedule for step {name!r}: " + "; ".join(errors))
+
+
+# ---- reductions of one element --------------------------------------------------------------
+def unit_reductions_to_spatial(func):
+    """``func`` with every reduction block whose reduction runs over one element (each reduction
+    iterator of extent 1: a dp4a reduction of a single 4-byte word, a 1x1 convolution over one
+    channel, a sum over an axis of length 1) written as the spatial block it is, ``acc = init
+    (+) term``, with the unit loops that only fed it dropped. DLight's rules see such a block
+    as spatial but keep its init: Fallback then inlined the epilogue into both the init and the
+    update (reading the requantised value back as the accumulator, and binding the
+    requantisation's Let variables twice, which TVM's bound analysis rejects). Functions
+    without such a block are returned unchanged."""
+    f = tvm_ffi.structural_map(func, [(s_tir.SBlockRealize, _unit_reduction_as_spatial)])
+    return f if f.same_as(func) else tvm_ffi.structural_map(f, [(tirx.For, _drop_unit_loop)])
+
+
+def _same_indices(a, b):
+    return len(a) == len(b) and all(tvm_ffi.structural_equal(x, y) for x, y in zip(a, b))
+
+
+def _substitute(node, vmap):
+    return tvm_ffi.structural_map(node, [(tirx.Var, lambda v: vmap.get(v, v))])
+
+
+def _unit_reduction_as_spatial(realize):
+    blk = realize.block
+    init, body = blk.init, blk.body
+    red = {k: iv for k, iv in enumerate(blk.iter_vars) if iv.iter_type == tirx.IterVar.CommReduce}
+    if init is None or not red or any(not isinstance(iv.dom.extent, tirx.IntImm) or int(iv.dom.extent) != 1
+                                      for iv in red.values()):
+        return realize
+    if not (isinstance(init, tirx.BufferStore) and isinstance(body, tirx.BufferStore)
+            and init.buffer.same_as(body.buffer) and _same_indices(init.indices, body.indices)):
+        return realize
+    acc = body.buffer
+
+    def initial(load):      # the accumulator, read by the update: its initial value
+        return init.value if load.source.same_as(acc) and _same_indices(load.indices, body.indices) else load
+    vmap = {iv.var: iv.dom.min for iv in red.values()}
+    value = _substitute(tvm_ffi.structural_map(body.value, [(ir.TensorLoad, initial)]), vmap)
+    keep = [k for k in range(len(blk.iter_vars)) if k not in red]
+    reads = [_substitute(r, vmap) for r in blk.reads if not r.source.same_as(acc)]
+    nb = s_tir.SBlock([blk.iter_vars[k] for k in keep], reads, blk.writes, blk.name_hint,
+                      tirx.BufferStore(acc, value, body.indices), None, blk.alloc_buffers, blk.match_buffers,
+                      blk.annotations)
+    return s_tir.SBlockRealize([realize.iter_values[k] for k in keep], realize.predicate, nb)
+
+
+def _drop_unit_loop(loop):
+    if isinstance(loop.extent, tirx.IntImm) and int(loop.extent) == 1:
+        used = []
+        tvm_ffi.structural_walk(loop.body, [(tirx.Var, lambda v: used.append(1) if v.same_as(loop.loop_var) else None)])
+        if not used:
+            return loop.body
+    return loop
 
 
 def _walk(stmt, fn):
@@ -608,6 +686,9 @@ def compile(graph: Graph, out_dir, arch="sm_90", dtype="float32", with_updates=F
     ``check``: compile the package with NVRTC and ptxas for ``arch`` (backends/nvrtc.py) and fail
     on a kernel over a GPU limit; None checks when NVRTC is installed."""
     if cuda_int8.is_quantised(graph):
+        if precision is not None or loss_scale is not None:
+            raise KilnError(f"graph {graph.name!r} is quantised: its package stores int8/int16 values; precision "
+                            f"and loss_scale apply to float16/bfloat16 packages of float graphs")
         return _compile_int8(graph, out_dir, arch, dtype, with_updates, params, check)
     if dtype not in DTYPES:
         raise KilnError(f"dtype must be one of {DTYPES}, got {dtype!r}")

@@ -57,9 +57,15 @@ from .qmath import c
 STORAGE = INT8            # the manifest's dtype for a quantised graph's package
 SCHEDULE = "kiln.gpu_schedule"    # PrimFunc attribute: "Serial" -> serial_schedule, not DLight
 NO_NARROW = "kiln.no_narrow"      # PrimFunc attribute: lowered without NarrowDataType (every int8 step)
+NO_COMPACT = "kiln.no_compact"    # PrimFunc attribute: lowered without CompactBufferAllocation (Blockwise steps)
 # ops whose int8 rule the DLight rules cannot schedule: the softmax's chain of per-row
 # fixed-point stages made DLight (and lowering after it) run for over 10 minutes
 SERIAL_OPS = ("softmax",)
+# ops whose rule unrolls a recurrence into a chain of blocks (an LSTM: four blocks per time step,
+# 198 for micro_speech_lstm's 49 steps): DLight's rules try to inline every block into every
+# other (reverse_compute_inline, quadratic in the blocks) and did not finish in 15 minutes, so
+# each block is its own kernel, its spatial loops over the threads (``blockwise_schedule``)
+BLOCKWISE_OPS = ("lstm",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,6 +284,8 @@ def lower_one(graph: Graph, node, consts):
                         f"which a GPU kernel cannot call: run this model with the C backend (kiln compile)")
     if node.op in SERIAL_OPS:
         func = func.with_attr(SCHEDULE, "Serial").with_attr(NO_NARROW, True)
+    elif node.op in BLOCKWISE_OPS:
+        func = func.with_attr(SCHEDULE, "Blockwise")
     return func, [phs[p] for p in used], tuple(int(s) for s in y.shape), str(y.dtype), made
 
 
@@ -330,6 +338,33 @@ def serial_schedule(func):
     for b in sch.get_child_blocks(sch.get_sblock("root")):
         loops = sch.get_loops(b)
         sch.bind(sch.add_unit_loop(loops[0] if loops else b), "threadIdx.x")
+    return sch.mod["main"]
+
+
+def blockwise_schedule(func, max_threads=256):
+    """Every block of ``func`` in a kernel of its own, in program order, nothing inlined: its
+    spatial loops fused and split over blocks x ``max_threads`` threads, its reduction loops
+    serial in each thread (DLight's Fallback rule without its inlining, which is what costs time
+    on a long chain of blocks)."""
+    from tvm import s_tir
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+    sch = s_tir.Schedule(func)
+    infos = normalize_prim_func(sch)
+    if infos is None:
+        raise KilnError("blockwise schedule: the function's blocks are not all in normal form")
+    reductions = []
+    for info in infos:
+        b, loops = info.block_rv, sch.get_loops(info.block_rv)
+        kind = {k: [lp for lp, d in zip(loops, info.dom_kind()) if d == k] for k in "SRO"}
+        s_loops = kind["S"] or [sch.add_unit_loop(b)]
+        sch.reorder(*s_loops, *kind["R"], *kind["O"])
+        bx, tx = sch.split(sch.fuse(*s_loops), factors=[None, max_threads])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        if kind["R"]:
+            reductions.append((b, kind["R"][0]))
+    for b, r in reductions:
+        sch.decompose_reduction(b, r)
     return sch.mod["main"]
 
 

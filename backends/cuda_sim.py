@@ -78,14 +78,49 @@ def opencl_kernels(sched):
     kernels = finalize_device_passes()(tvm.IRModule({gv: f for gv, f in low.functions.items()
                                                      if gv.name_hint not in names}))
     # half types last: the simplifier would substitute the conversions' let-bound values
-    kernels = tvm.IRModule({gv: exact_float_constants(half_legalize.legalize(f))
+    kernels = tvm.IRModule({gv: exact_float_constants(half_legalize.legalize(scalar_byte_gathers(f)))
                             for gv, f in kernels.functions.items()})
     d = dict(opencl_target().export())
     d.pop("host", None)
     src = tvm.get_global_func("target.build.opencl")(kernels, tvm.target.Target(d)).inspect_source()
     # INT32_MIN as TVM prints it is a long in OpenCL C (2147483648 does not fit an int), which
     # makes select(int, -2147483648, int) ambiguous (int8 fixed-point saturation): write it as an int
-    return re.sub(r"(?<![\w.])-2147483648(?![\w.])", "(-2147483647 - 1)", src)
+    src = re.sub(r"(?<![\w.])-2147483648(?![\w.])", "(-2147483647 - 1)", src)
+    # TVM prints a Shuffle (scalar_byte_gathers' vectors) as C++'s char2(a, b): OpenCL C's vector
+    # literal is (char2)(a, b); a type name is never called in OpenCL C, so every such call is one
+    return re.sub(r"(?<![\w.])((?:u?char|u?short|u?int|u?long|float|double)(?:2|3|4|8|16))\(", r"(\1)(", src)
+
+
+def _byte_lanes(ty):
+    m = re.fullmatch(r"u?int8x(\d+)", str(ty))
+    return int(m.group(1)) if m else 0
+
+
+def scalar_byte_gathers(func):
+    """``func`` with every vector load of int8/uint8 lanes that is not contiguous (a gather: a
+    strided Ramp or a vector index, e.g. a 16x8 TRANSPOSE_CONV's weight pair in shared memory)
+    written as its lanes' scalar loads put together (a Shuffle). TVM's OpenCL code generator
+    prints such a gather as CUDA's packed form, the bytes or-ed into one int, and a cast of it as
+    ``convert_int2(<int>)``, which pocl rejects as ambiguous (and which would not be the lanes'
+    values). The CUDA source is not affected: this runs on cuda-sim's OpenCL lowering only."""
+    import tvm_ffi
+    from tvm import ir, tirx
+
+    def scalar(load):
+        n, idx = _byte_lanes(load.ty), load.indices[-1] if len(load.indices) else None
+        if not n or len(load.indices) != 1 or not re.fullmatch(r"u?int\d+x\d+", str(idx.ty)) or (
+                isinstance(idx, tirx.Ramp) and isinstance(idx.stride, tirx.IntImm) and int(idx.stride) == 1):
+            return load         # a scalar index (a buffer of vectors) or a contiguous load: no gather
+        if isinstance(idx, tirx.Ramp):
+            at = [idx.base + idx.stride * k for k in range(n)]
+        elif isinstance(idx, tirx.Broadcast):
+            at = [idx.value] * n
+        else:           # a vector expression: bound once, its lanes read as v.s0, v.s1, ...
+            v = tirx.Var("gather_idx", idx.ty)
+            at = [tirx.Shuffle([v], [tirx.const(k, "int32")]) for k in range(n)]
+        vec = tirx.Shuffle([tirx.BufferLoad(load.source, [a]) for a in at], [tirx.const(k, "int32") for k in range(n)])
+        return vec if isinstance(idx, (tirx.Ramp, tirx.Broadcast)) else tirx.Let(v, idx, vec)
+    return tvm_ffi.structural_map(func, [(ir.TensorLoad, scalar)])
 
 
 def exact_float_constants(func):

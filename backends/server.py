@@ -60,6 +60,7 @@ class CudaOptions:
     out_dir: str | None = None       # default: a new temporary folder
     arch: str = "sm_90"
     dtype: str = "float32"           # storage dtype: float32 | float16 | bfloat16
+    precision: str | None = None     # half packages: uniform | mixed (None: mixed for training steps)
     with_updates: bool = False       # the buffer updates of a train-mode graph become outputs
     params: dict | None = None       # parameter values to put in the weights blob
     interpret: bool = False          # run() executes the launch plan on the CPU (no GPU needed)
@@ -127,7 +128,8 @@ class CudaBackend:
         o = parse_options(self, options)
         g = load_model(graph)          # float graphs, and int8 ones (backends/cuda_int8.py)
         out = o.out_dir or tempfile.mkdtemp(prefix="kiln-cuda-")
-        cuda.compile(g, out, arch=o.arch, dtype=o.dtype, with_updates=o.with_updates, params=o.params, check=o.check)
+        cuda.compile(g, out, arch=o.arch, dtype=o.dtype, with_updates=o.with_updates, params=o.params, check=o.check,
+                     precision=o.precision)
         return self.load(out, interpret=o.interpret, capture=o.capture)
 
     def load(self, path, interpret=False, capture=False) -> CudaPackage:

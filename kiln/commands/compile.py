@@ -12,7 +12,10 @@ from kiln.backends import TARGETS, get_backend, nvrtc
 from kiln.backends.manifest import FILE
 from kiln.commands import add_optimize_argument
 from kiln.frontend import load_model, save
+from kiln.frontend.errors import KilnError
 from kiln.frontend.files import staged_dir
+
+PRECISIONS = ("uniform", "mixed")     # backends/tvm_te.PRECISIONS (not imported: that loads TVM)
 
 
 def add_arguments(p):
@@ -23,6 +26,10 @@ def add_arguments(p):
     p.add_argument("--arch", default="sm_90", help="CUDA architecture for --target cuda (default sm_90)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                    help="CUDA compute dtype for --target cuda (half types accumulate in float32)")
+    p.add_argument("--precision", default=None, choices=list(PRECISIONS),
+                   help="storage policy of a float16/bfloat16 CUDA package: uniform (every value in the half "
+                   "dtype) or mixed (matmuls and convolutions in half, the rest in float32; docs/server_targets.md "
+                   "'Mixed precision'); default: uniform for inference graphs, mixed for training steps")
     p.add_argument("-o", "--out", required=True, help="output folder for the C package (written in full beside it, "
                    "then moved into place)")
     p.add_argument("--ram-budget", type=int, default=None, help="fail if the arena needs more bytes than this")
@@ -32,6 +39,9 @@ def add_arguments(p):
 def run(args):
     if args.target == "cuda":
         return _run_cuda(args)
+    if args.precision is not None:
+        raise KilnError(f"--precision {args.precision} applies to --target cuda with --dtype float16 or bfloat16; "
+                        f"a C package ({args.target}) runs the model's own int8/float32 arithmetic")
     pkg = hil.compile_model(args.model, args.target, args.out, ram_budget=args.ram_budget, plot=not args.no_plot,
                             optimize=args.optimize)
     m = pkg.manifest
@@ -51,16 +61,34 @@ def run(args):
     return rep
 
 
+def _check_precision(args, graph):
+    """--precision needs a half-precision float package: refused, saying why, for a float32 one
+    and for a quantised graph (whose package stores int8/int16 values)."""
+    if args.precision is None:
+        return
+    if any(t.quant is not None for t in graph.types.values()):
+        raise KilnError(f"--precision {args.precision}: {args.model} is a quantised model, whose CUDA package stores "
+                        f"its int8/int16 values as they are; leave --precision out")
+    if args.dtype == "float32":
+        raise KilnError(f"--precision {args.precision} chooses which values a float16/bfloat16 package stores in half; "
+                        f"with --dtype float32 every value is float32: add --dtype float16 or --dtype bfloat16, or "
+                        f"leave --precision out")
+
+
 def _run_cuda(args):
     t0 = time.time()
     graph = load_model(args.model)
+    _check_precision(args, graph)
     with staged_dir(args.out, "package folder", last=FILE) as tmp:   # all of it or nothing
-        m = get_backend("cuda").compile(graph, {"out_dir": tmp, "arch": args.arch, "dtype": args.dtype}).manifest
+        m = get_backend("cuda").compile(graph, {"out_dir": tmp, "arch": args.arch, "dtype": args.dtype,
+                                                "precision": args.precision}).manifest
         save(graph, os.path.join(tmp, "graph.json"))
     rep = {"model": graph.name, "target": "cuda", "arch": args.arch, "dtype": m.dtype, "package": args.out,
            "launches": m.launches, "kernels": len(m.kernels), "arena_bytes": m.arena_bytes,
            "weight_bytes": m.weights_bytes, "compile_seconds": round(time.time() - t0, 2)}
-    rep["text"] = (f"compiled {graph.name} for cuda ({args.arch}, {m.dtype}) -> {args.out}\n"
+    policy = (m.extra.get("precision") or {}).get("policy")
+    rep["text"] = (f"compiled {graph.name} for cuda ({args.arch}, {m.dtype}{f', {policy} precision' if policy else ''})"
+                   f" -> {args.out}\n"
                    f"  {rep['launches']} launches of {rep['kernels']} kernels, arena {rep['arena_bytes']} B, weights {rep['weight_bytes']} B, "
                    f"{rep['compile_seconds']} s")
     res_file = os.path.join(args.out, "resources.json")

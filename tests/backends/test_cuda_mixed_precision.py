@@ -2,6 +2,9 @@
 ``apply_loss_scale``; backends/cuda.py): the per-value storage policy, the loss scaling, the
 manifest's ``precision`` entry, and steps run by the CPU plan interpreter (cuda-plan: the
 package's own kernels on its half-precision arena) against float64."""
+import json
+import os
+
 import numpy as np
 import pytest
 
@@ -157,3 +160,73 @@ def test_zoo_mixed_precision_step_within_its_float64_bound(tmp_path, model, dtyp
     _, peer, _ = cuda_sim.bounds64(graph, inputs, want, None, "float32")
     r = cuda_mixed_precision.run_case(graph, inputs, want, peer, dtype, "mixed", str(tmp_path))
     assert r["ok"] and r["precision"] == "mixed", r
+
+
+# ---- kiln compile --precision -------------------------------------------------------------------
+def _cli(argv, capsys):
+    from kiln.cli import main
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_precision_choices_are_the_policies():
+    from kiln.commands import compile as compile_cmd
+    assert compile_cmd.PRECISIONS == tvm_te.PRECISIONS
+
+
+@pytest.mark.parametrize("flag,policy", [([], "mixed"), (["--precision", "uniform"], "uniform"),
+                                         (["--precision", "mixed"], "mixed")])
+def test_kiln_compile_precision_chooses_the_storage_policy(tmp_path, capsys, flag, policy):
+    """A training step defaults to mixed precision; --precision uniform|mixed chooses; --json keeps
+    its keys, the manifest records the policy and the storage follows it."""
+    from kiln.frontend import save
+    _, step, _, _ = make("mlp", batch=4)
+    model, out = str(tmp_path / "step.json"), str(tmp_path / "pkg")
+    save(step, model)
+    code, text, _ = _cli(["compile", model, "--target", "cuda", "--dtype", "float16", "-o", out, "--json"] + flag,
+                         capsys)
+    assert code == 0
+    rep = json.loads(text)
+    assert set(rep) == {"model", "target", "arch", "dtype", "package", "launches", "kernels", "arena_bytes",
+                        "weight_bytes", "compile_seconds", "resources", "ok", "command"}
+    prec = cuda_plan.load_manifest(out).extra["precision"]
+    assert prec["policy"] == policy
+    want = tvm_te.precision_plan(step, "float16", policy).storage
+    assert all(prec["storage"][v] == d for v, d in want.items() if v in prec["storage"]) and "x" in prec["storage"]
+    assert len(set(prec["storage"].values())) == (2 if policy == "mixed" else 1)
+    code, text, _ = _cli(["compile", model, "--target", "cuda", "--dtype", "float16", "-o", out] + flag, capsys)
+    assert code == 0 and f"float16, {policy} precision" in text
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--target", "cuda", "--precision", "mixed"], ["--dtype float32", "--dtype float16"]),
+    (["--target", "cortex-m4", "--precision", "uniform"], ["--target cuda", "cortex-m4"]),
+    (["--target", "cuda", "--dtype", "float16", "--precision", "half"], ["invalid choice", "'half'"]),
+])
+def test_kiln_compile_precision_refuses_what_it_cannot_apply(tmp_path, capsys, argv, words):
+    from kiln.frontend import save
+    fwd, _, _, _ = make("mlp")
+    model, out = str(tmp_path / "fwd.json"), str(tmp_path / "pkg")
+    save(fwd, model)
+    try:
+        code, text, err = _cli(["compile", model, "-o", out] + argv, capsys)
+    except SystemExit as e:              # argparse: an invalid choice
+        code, err = e.code, capsys.readouterr().err
+        text = ""
+    assert code == 2 and all(w in err + text for w in words), err
+    assert not os.path.exists(out)
+
+
+def test_kiln_compile_precision_refuses_a_quantised_model(tmp_path, capsys):
+    from kiln.frontend import save
+    from kiln.quantize import ptq
+    fwd, _, x, _ = make("mlp")
+    q = ptq(fwd, np.random.default_rng(0).standard_normal((8,) + x.shape[1:]).astype(np.float32))
+    model, out = str(tmp_path / "q.json"), str(tmp_path / "pkg")
+    save(q, model)
+    code, _, err = _cli(["compile", model, "--target", "cuda", "--dtype", "float16", "--precision", "uniform",
+                         "-o", out], capsys)
+    assert code == 2 and "quantised" in err and "--precision" in err and not os.path.exists(out)
+    with pytest.raises(KilnError, match="quantised"):
+        cuda.compile(q, str(tmp_path / "p2"), precision="mixed", check=False)
