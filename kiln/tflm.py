@@ -56,6 +56,25 @@ def available() -> bool:
     return True
 
 
+_ITEMSIZE = {0: 4, 1: 2, 2: 4, 3: 1, 4: 8, 6: 1, 7: 2, 8: 8, 9: 1, 10: 8, 11: 16, 12: 8, 15: 4, 16: 2, 17: 1}   # by TensorType
+
+
+def arena_bytes(data: bytes) -> int:
+    """A tensor arena big enough for any allocation plan of the model: every tensor of every
+    subgraph at once (plus the interpreter's own records), at least the pip package's default of
+    ten times the file. Its default alone is too small for models whose activations outweigh their
+    weights (TFLite Micro's seanet PAD, QUANTIZE and STRIDED_SLICE test models)."""
+    m = tflite.Model.GetRootAsModel(data, 0)
+    total = 0
+    for si in range(m.SubgraphsLength()):
+        sub = m.Subgraphs(si)
+        for ti in range(sub.TensorsLength()):
+            t = sub.Tensors(ti)
+            total += int(np.prod(t.ShapeAsNumpy(), dtype=np.int64)) * _ITEMSIZE.get(t.Type(), 8) if t.ShapeLength() \
+                else _ITEMSIZE.get(t.Type(), 8)
+    return max(len(data) * 10, total + (1 << 20))
+
+
 def run_tflm(path, samples, stream=False) -> list[tuple]:
     """One tuple of outputs per sample (each a tuple of input arrays, in the model's input order),
     from TFLite Micro's interpreter. ``stream``: the samples are successive inputs of a stateful
@@ -72,7 +91,7 @@ def run_tflm(path, samples, stream=False) -> list[tuple]:
     try:
         sub = tflite.Model.GetRootAsModel(data, 0).Subgraphs(0)
         n_in, n_out = sub.InputsLength(), sub.OutputsLength()
-        it = runtime.Interpreter.from_bytes(data)
+        it = runtime.Interpreter.from_bytes(data, arena_size=arena_bytes(data))
     except Exception as e:      # the runtime raises RuntimeError with TFLite Micro's log
         raise TflmError(f"{path}: TensorFlow Lite Micro cannot load this model: {str(e).strip()[:500]}") from None
     results = []

@@ -101,3 +101,25 @@ def test_kiln_run_checks_an_int8_lstm_against_tflm(lstm_cut, capsys):
     assert rc == 0 and rep["ok"] and rep["bit_exact"], rep["checks"]
     assert rep["compared_against"] == ["Kiln's reference executor", "TensorFlow Lite Micro's interpreter"]
     assert "LSTM" in rep["litert_skipped"]
+
+
+@pytest.mark.parametrize("name", ["quantize0", "sub4", "transpose_conv4"])
+def test_tflm_runs_models_whose_activations_outweigh_their_weights(name):
+    """TFLite Micro's seanet models whose tensors need more than the pip package's default arena
+    (ten times the file: "Failed to resize buffer") run with kiln.tflm.arena_bytes, equal to Kiln's
+    reference."""
+    path = os.path.join(os.path.dirname(__file__), "..", "data", "seanet16", f"{name}.tflite")
+    g = load_tflite(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    assert tflm.arena_bytes(data) > 10 * len(data)
+    rng = np.random.default_rng(0)
+    xs = []
+    for v in g.inputs:
+        t = g.types[v]
+        info = np.iinfo(t.dtype)
+        xs.append(rng.integers(max(int(info.min), -30000), min(int(info.max), 30000) + 1, size=t.shape).astype(t.dtype))
+    got, = tflm.run_tflm(path, [tuple(xs)])
+    want = run_stateful(g, {}, *xs)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(a).reshape(-1), np.asarray(b).reshape(-1))
