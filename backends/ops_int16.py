@@ -90,9 +90,12 @@ def lower_leaky_relu16(k, node, xs):
     (mi, ei), (ma, ea) = leaky_params(si, so, node.attrs["alpha"])
     x = xs[0]
 
+    def neg(v):             # elementwise_int8.leaky_apply: a negative multiplier by magnitude, negated
+        return c(0) - qmath.mbqm(v, c(-ma), ea) if ma < 0 else qmath.mbqm(v, c(ma), ea)
+
     def body(*i):
         return qmath.let("v", x(*i).astype("int32") - c(zi), lambda v: _clamp16(tirx.Select(
-            v >= c(0), qmath.mbqm(v, c(mi), ei), qmath.mbqm(v, c(ma), ea)) + c(zo)))
+            v >= c(0), qmath.mbqm(v, c(mi), ei), neg(v)) + c(zo)))
     return te.compute(_out_shape(ty), body, name="leaky_relu16")
 
 

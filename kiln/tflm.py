@@ -7,6 +7,9 @@ function of the imported graph (:func:`tflm_only`):
 - the integer UNIDIRECTIONAL_SEQUENCE_LSTM: TFLite Micro's templated ``EvalLstm`` (int8 and 16x8;
   Kiln computes it, frontend/ops/recurrent_16x8.py), where LiteRT runs its own 8x8_16 kernel
   (results differ by 1 in some hidden-state elements) and has no 16x8 LSTM at all;
+- the int8 and int16 LEAKY_RELU with a negative alpha: TFLite Micro applies the negative alpha
+  multiplier by its magnitude and negates the result; LiteRT multiplies by the negative multiplier
+  (ties round the other way);
 - SVDF with an int8 state, which LiteRT's kernel reads as int16 (it corrupts memory);
 - the int8 and int16 SUM: TFLite Micro requantises the integer sum with a fixed-point multiplier and
   clamps (reference_ops::QuantizedMeanOrSum); LiteRT's BUILTIN_REF kernel gives other values for
@@ -38,8 +41,9 @@ def tflm_only(graph) -> str | None:
     differ, named), or None when LiteRT is."""
     for n in graph.nodes:
         dtype = graph.types[n.inputs[0]].dtype if n.inputs else None
-        if n.op in ("lstm", "sum") and dtype in ("int8", "int16"):
-            what = "LSTM" if n.op == "lstm" else "SUM"
+        negative_alpha = n.op == "leaky_relu" and n.attrs["alpha"] < 0
+        if (n.op in ("lstm", "sum") or negative_alpha) and dtype in ("int8", "int16"):
+            what = {"lstm": "LSTM", "sum": "SUM", "leaky_relu": "LEAKY_RELU with a negative alpha"}[n.op]
             return (f"{n.name!r} is an {dtype} {what}: LiteRT's integer {what} differs from TensorFlow Lite Micro's, "
                     f"which Kiln follows")
     svdfs = int8_state_svdfs(graph)

@@ -22,7 +22,7 @@ from ..registry import get_op
 from ..types import TensorType
 from . import elementwise_int8  # noqa: F401  (the int8 rules this module's branches fall back to)
 from .elementwise import ADD_LEFT_SHIFT_16
-from .elementwise_int8 import leaky_params
+from .elementwise_int8 import leaky_apply, leaky_params
 from .int8util import per_tensor
 from .int16util import clamp16, int16_branch, int16_io, is_int16
 
@@ -64,13 +64,9 @@ int16_branch("sub", sub_int16)
 
 # ---- leaky_relu -----------------------------------------------------------------------------------
 def leaky_relu_int16(xs, attrs, in_types, out_type):
-    """reference_ops::QuantizeLeakyRelu<int16_t>: (x - z_in) times the identity multiplier where it
-    is >= 0, the alpha multiplier below, + z_out, clamped to int16."""
+    """QuantizeLeakyRelu<int16_t> (elementwise_int8.leaky_apply), + z_out, clamped to int16."""
     (si, zi), (so, zo) = int16_io(in_types, out_type, "leaky_relu", symmetric=False)
-    (mi, ei), (ma, ea) = leaky_params(si, so, attrs["alpha"])
-    v = _i64(xs[0]) - zi
-    y = np.where(v >= 0, fp.multiply_by_quantized_multiplier(v, mi, ei), fp.multiply_by_quantized_multiplier(v, ma, ea))
-    return clamp16(y + zo)
+    return clamp16(leaky_apply(_i64(xs[0]) - zi, leaky_params(si, so, attrs["alpha"])) + zo)
 
 
 int16_branch("leaky_relu", leaky_relu_int16)

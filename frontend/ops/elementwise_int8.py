@@ -93,17 +93,27 @@ _minmax("minimum", np.minimum)
 
 # ---- leaky_relu / prelu ---------------------------------------------------------------------------
 def leaky_params(si, so, alpha):
+    """TensorFlow Lite Micro's LEAKY_RELU multipliers (leaky_relu_common.cc): ``QuantizeMultiplier``
+    of ``s_in / s_out`` (identity) and of ``s_in * alpha / s_out`` (alpha; negative for a negative
+    alpha), each computed in float32 and then widened to double."""
     return (fp.quantize_multiplier(float(_f(si) / _f(so))),
             fp.quantize_multiplier(float(_f(si) * _f(alpha) / _f(so))))
+
+
+def leaky_apply(v, params):
+    """QuantizeLeakyRelu on ``v = x - z_in`` (int64 array): the identity multiplier where v >= 0,
+    the alpha multiplier below; a negative alpha multiplier is applied as its magnitude and the
+    result negated (TFLite Micro; multiplying by the negative multiplier rounds ties the other
+    way)."""
+    (mi, ei), (ma, ea) = params
+    neg = -fp.multiply_by_quantized_multiplier(v, -ma, ea) if ma < 0 else fp.multiply_by_quantized_multiplier(v, ma, ea)
+    return np.where(v >= 0, fp.multiply_by_quantized_multiplier(v, mi, ei), neg)
 
 
 @defrule("leaky_relu", "int8_ref")
 def leaky_relu_int8(xs, attrs, in_types, out_type):
     (si, zi), (so, zo) = int8_io(in_types, out_type, "leaky_relu")
-    (mi, ei), (ma, ea) = leaky_params(si, so, attrs["alpha"])
-    v = _i64(xs[0]) - zi
-    y = np.where(v >= 0, fp.multiply_by_quantized_multiplier(v, mi, ei), fp.multiply_by_quantized_multiplier(v, ma, ea))
-    return clamp8(y + zo)
+    return clamp8(leaky_apply(_i64(xs[0]) - zi, leaky_params(si, so, attrs["alpha"])) + zo)
 
 
 def prelu_params(si, sa, so):

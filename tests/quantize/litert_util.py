@@ -1,4 +1,7 @@
 """Helpers for comparing Kiln's int8 reference with LiteRT's reference kernels."""
+import os
+import tempfile
+
 import numpy as np
 import pytest
 
@@ -44,12 +47,25 @@ def single_op(op, inputs, attrs, out_quant, out_dtype="int8", out_shape=None):
     return g
 
 
-def compare(g, feeds):
-    """Run g in Kiln and (exported) in LiteRT; return (kiln, litert) outputs."""
+def tflm_run(model: bytes, inputs):
+    """TensorFlow Lite Micro's interpreter (kiln/tflm.py) on one sample of a model given as bytes."""
+    pytest.importorskip("tflite_micro.python.tflite_micro.runtime")
+    from kiln import tflm
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.tflite")
+        with open(path, "wb") as f:
+            f.write(model)
+        return list(tflm.run_tflm(path, [tuple(inputs)])[0])
+
+
+def compare(g, feeds, oracle="litert"):
+    """Run g in Kiln and (exported) in LiteRT's reference kernels, or in TensorFlow Lite Micro's
+    interpreter (``oracle="tflm"``, for the ops where the two differ); return (kiln, oracle)
+    outputs."""
     data = export_tflite(g)
-    want = litert_run(data, feeds)[0]
+    want = (tflm_run if oracle == "tflm" else litert_run)(data, feeds)[0]
     got = run(g, *feeds)[0]
-    return got, want
+    return got, want.reshape(got.shape) if oracle == "tflm" else want
 
 
 def assert_same(got, want, what=""):
