@@ -155,36 +155,63 @@ def interpret_plan(pkg, inputs, params=None, poison=True):
     in plan order. The arena starts filled with NaN bytes (``poison``) so a step that reads a
     buffer nobody wrote, or one clobbered by a wrongly shared slot, shows up as NaN. Returns the
     outputs as float32/NumPy arrays."""
-    import ml_dtypes  # TVM's own dependency: its bfloat16 arrays
-    import tvm  # TVM: builds each step for the CPU
-
-    from . import cuda_dp4a  # noqa: F401  (registers kiln.dp4a, which int8 steps call)
-    m = load_manifest(pkg)
-    with open(os.path.join(pkg, "groups.json")) as f:
-        tir_mod = tvm.ir.load_json(f.read())
-    funcs = {gv.name_hint: tvm.tirx.build(fn.with_attr("global_symbol", gv.name_hint), target="llvm")
-             for gv, fn in tir_mod.functions.items()}
+    steps = PlanSteps(pkg)
+    m = steps.m
     space = _memory(pkg, m, inputs, params, poison)
-
-    def view(a, shape, dtype):
-        raw = space[a.space][a.offset:a.offset + a.bytes]
-        return raw.view(np.uint16 if dtype == "bfloat16" else np.dtype(dtype)).reshape(shape)
     for st in m.steps:
-        args, copies = [], []
-        for a, p in zip(st.args, tir_mod[st.func].params):
-            b = p.ty if hasattr(p, "ty") else None
-            shape = [int(s) for s in b.shape] if b is not None and hasattr(b, "shape") else None
-            dtype = str(b.dtype) if b is not None and hasattr(b, "dtype") else "float32"
-            if dtype == "bfloat16":   # DLPack has no bfloat16: a copy in TVM's bfloat16, copied back after
-                args.append(tvm.runtime.tensor(view(a, shape, dtype).view(ml_dtypes.bfloat16)))
-                copies.append((args[-1], view(a, shape, dtype)))
-            else:
-                args.append(tvm.runtime.from_dlpack(view(a, shape, dtype)))
-        funcs[st.func](*args)
-        for t, raw in copies:
-            raw[...] = t.numpy().view(np.uint16)
+        steps.call(st, space)
     outs = []
     for o in m.outputs:
         raw = space[o.space][o.offset:o.offset + o.bytes].tobytes()
         outs.append(np.array(from_storage(raw, o.dtype, o.shape), dtype=np.float32 if o.dtype in DTYPES else None))
     return outs
+
+
+def aligned_copy(raw):
+    """A copy of the bytes ``raw`` (a memory space) aligned as PlanSteps.call needs them."""
+    out = _aligned_bytes(raw.size)
+    out[:] = raw
+    return out
+
+
+class PlanSteps:
+    """The package's unscheduled step PrimFuncs (groups.json), each built for LLVM:
+    ``call(step, space)`` runs one manifest step on ``space`` ({"arena": bytes, "weights": bytes},
+    256-byte aligned uint8 arrays) in place; ``params(step)`` its (dtype, shape) per argument."""
+
+    def __init__(self, pkg, m: Manifest | None = None):
+        import tvm  # TVM: builds each step for the CPU
+
+        from . import cuda_dp4a  # noqa: F401  (registers kiln.dp4a, which int8 steps call)
+        self.m = m or load_manifest(pkg)
+        with open(os.path.join(pkg, "groups.json")) as f:
+            self.tir_mod = tvm.ir.load_json(f.read())
+        self.funcs = {gv.name_hint: tvm.tirx.build(fn.with_attr("global_symbol", gv.name_hint), target="llvm")
+                      for gv, fn in self.tir_mod.functions.items()}
+
+    def params(self, st):
+        """[(dtype, shape)] of step ``st``'s arguments (shape None for a scalar)."""
+        out = []
+        for p in self.tir_mod[st.func].params:
+            b = p.ty if hasattr(p, "ty") else None
+            shape = [int(s) for s in b.shape] if b is not None and hasattr(b, "shape") else None
+            out.append((str(b.dtype) if b is not None and hasattr(b, "dtype") else "float32", shape))
+        return out
+
+    def call(self, st, space):
+        import ml_dtypes  # TVM's own dependency: its bfloat16 arrays
+        import tvm
+
+        def view(a, shape, dtype):
+            raw = space[a.space][a.offset:a.offset + a.bytes]
+            return raw.view(np.uint16 if dtype == "bfloat16" else np.dtype(dtype)).reshape(shape)
+        args, copies = [], []
+        for a, (dtype, shape) in zip(st.args, self.params(st)):
+            if dtype == "bfloat16":   # DLPack has no bfloat16: a copy in TVM's bfloat16, copied back after
+                args.append(tvm.runtime.tensor(view(a, shape, dtype).view(ml_dtypes.bfloat16)))
+                copies.append((args[-1], view(a, shape, dtype)))
+            else:
+                args.append(tvm.runtime.from_dlpack(view(a, shape, dtype)))
+        self.funcs[st.func](*args)
+        for t, raw in copies:
+            raw[...] = t.numpy().view(np.uint16)

@@ -202,25 +202,38 @@ class Simulator:
         self.cl.enqueue_copy(self.queue, self.weights, self.weights_host)
 
     def __call__(self, *inputs):
-        cl, m = self.cl, self.m
+        self.start(inputs)
+        for st in self.m.steps:
+            self.launch_step(st)
+        self.last_arena, self.last_weights = self.snapshot()
+        self.check_guards()
+        return [self._value(self.last_arena, o) for o in self.m.outputs]
+
+    def start(self, inputs):
+        """Fill the device arena: NaN bytes (0xFF), the package inputs at their offsets."""
+        m = self.m
         arena = np.full(m.arena_bytes + 2 * self.guard, 0xFF, np.uint8)
         for spec, x in zip(m.inputs, expand_inputs(m, inputs)):
             arena[self.guard + spec.offset:self.guard + spec.offset + spec.bytes] = storage_bytes(x, spec.dtype,
                                                                                                   spec.shape)
-        cl.enqueue_copy(self.queue, self.arena, arena)
-        for st in m.steps:
-            for L in st.launches:
-                k = self.kernels[L.kernel]
-                k.set_args(*[self._arg(a) for a in L.args])
-                gsize = tuple(int(g * b) for g, b in zip(L.grid, L.block))
-                cl.enqueue_nd_range_kernel(self.queue, k, gsize, tuple(int(b) for b in L.block))
-        cl.enqueue_copy(self.queue, arena, self.arena)
+        self.cl.enqueue_copy(self.queue, self.arena, arena)
+
+    def launch_step(self, st):
+        """Enqueue the launches of plan step ``st`` (its grid, block and arguments)."""
+        for L in st.launches:
+            k = self.kernels[L.kernel]
+            k.set_args(*[self._arg(a) for a in L.args])
+            gsize = tuple(int(g * b) for g, b in zip(L.grid, L.block))
+            self.cl.enqueue_nd_range_kernel(self.queue, k, gsize, tuple(int(b) for b in L.block))
+
+    def snapshot(self):
+        """(arena, weights) bytes as the device holds them now, guard zones included."""
+        arena = np.empty(self.m.arena_bytes + 2 * self.guard, np.uint8)
         weights = np.empty_like(self.weights_host)
-        cl.enqueue_copy(self.queue, weights, self.weights)
+        self.cl.enqueue_copy(self.queue, arena, self.arena)
+        self.cl.enqueue_copy(self.queue, weights, self.weights)
         self.queue.finish()
-        self.last_arena, self.last_weights = arena, weights
-        self.check_guards()
-        return [self._value(arena, o) for o in m.outputs]
+        return arena, weights
 
     def _value(self, arena, o):
         src = arena if o.space == "arena" else self.last_weights
@@ -385,3 +398,148 @@ def check64(pkg, graph, inputs, params=None, sim=None):
             "rounding_floor": floor,
             "tolerance": TOLERANCE64[sim.m.dtype], "bound": bound[worst],
             "ok": all(errs[k] <= bound[k] for k in errs), "guards_clean": True}
+
+
+# ---- launch by launch: each plan step against its unscheduled PrimFunc -------------------------
+# check64 compares whole outputs with float64, which cannot tell a wrong kernel from rounding when
+# the step is chaotic at the package's precision. stepwise() instead runs each plan step's
+# launches on pocl and the same step's *unscheduled* PrimFunc (groups.json, built for LLVM:
+# cuda_plan.PlanSteps) on the same bytes (arena and weights as pocl left them after the previous
+# step), and compares what each wrote. Same arithmetic in the same dtypes; only the schedule
+# differs (tiling, reduction order, thread mapping), so the difference is rounding of one step:
+# - a float32 sum of K terms in another order differs by at most about K x 2^-24 x sum|terms|,
+#   in practice sqrt(K) x 2^-24 x sum|terms| (K up to batch x H x W = 6.4e4 for a weight
+#   gradient: 256 x 6e-8 = 1.5e-5 of sum|terms|);
+# - a value stored in float16 / bfloat16 is rounded once more to its 11 / 8 significant bits: a
+#   float32 difference that straddles a rounding boundary becomes one unit in the last place,
+#   2^-10 / 2^-7 of the output's scale at most; a fused step rounds a few times in a row.
+# Errors are max |pocl - unscheduled| / max |unscheduled| per output argument (its own scale). The
+# bound STEP_TOLERANCE: float32 1e-4 (sum|terms| up to ~6x |sum| on top of the estimate above);
+# float16 / bfloat16 8 units in the last place of the output's scale (8 x 2^-10 = 7.8e-3,
+# 8 x 2^-7 = 6.3e-2). Integer outputs (int8, int16, int32 accumulators, masks) must be bit-exact.
+# A wrong index, a lost tile or a race costs O(1) (or NaN: unwritten poisoned bytes), far above.
+# An output whose exact value is zero up to rounding (a bias gradient in front of a train-mode
+# BatchNorm: the column sums of the output gradient, 4e-6 from terms of size 3.6 in fc-autoencoder's
+# float16 step) is pure reordering noise relative to its own scale. Where an output is over its
+# bound, the step is run once more, unscheduled, on the absolute values of its float inputs: for
+# sums of products that gives sum|terms| per element, the scale reordering errors are relative to,
+# and the output's scale becomes the larger of the two (a wrong term among K still costs ~1/K).
+# Bytes a step's launches do not name as arguments must not change.
+STEP_TOLERANCE = {"float32": 1e-4, "float16": 8 * 2.0 ** -10, "bfloat16": 8 * 2.0 ** -7}
+
+
+def _decoded(space, a, dtype, shape):
+    raw = space[a.space][a.offset:a.offset + a.bytes]
+    if dtype == "bfloat16":
+        return from_storage(raw.tobytes(), dtype, shape).astype(np.float64)
+    v = raw.view(np.dtype(dtype)).reshape(shape)
+    return v.astype(np.float64) if v.dtype.kind == "f" else v
+
+
+def _max_abs(v):
+    v = np.abs(v[np.isfinite(v)])
+    return float(v.max()) if v.size else 0.0
+
+
+def step_errors(st, params, got, want, magnitude=None):
+    """{argument value: (error, bound)} of one plan step: pocl's ``got`` against the unscheduled
+    ``want`` (memory spaces after the step), see STEP_TOLERANCE; ``magnitude``: the step run on
+    its inputs' absolute values (abs_inputs), a lower limit of each output's scale. Integer
+    outputs: error is the count of differing elements, bound 0."""
+    vals = [(a, dt, sh) for a, (dt, sh) in zip(st.args, params) if a.space is not None]
+    out = {}
+    for a, dt, sh in vals:
+        g, w = _decoded(got, a, dt, sh), _decoded(want, a, dt, sh)
+        if np.array_equal(g, w, equal_nan=g.dtype.kind == "f"):
+            out[a.value] = (0.0, STEP_TOLERANCE.get(dt, 0.0))
+            continue
+        if dt not in STEP_TOLERANCE:
+            out[a.value] = (float(np.count_nonzero(g != w)), 0.0)
+            continue
+        if not np.array_equal(np.isnan(g), np.isnan(w)):
+            out[a.value] = (float("inf"), STEP_TOLERANCE[dt])
+            continue
+        fin = np.isfinite(w)
+        scale = max(_max_abs(w), _max_abs(_decoded(magnitude, a, dt, sh)) if magnitude else 0.0, 1e-30)
+        d = np.abs(np.where(fin, g, 0.0) - np.where(fin, w, 0.0))
+        if not np.array_equal(g[~fin], w[~fin]):
+            d = np.append(d, np.inf)
+        out[a.value] = (float(d.max()) / scale, STEP_TOLERANCE[dt])
+    return out
+
+
+def abs_inputs(st, params, space):
+    """A copy of memory ``space`` with step ``st``'s float inputs replaced by their absolute values
+    (sign bits cleared; NaN stays NaN)."""
+    from .cuda_plan import aligned_copy
+    out = {k: aligned_copy(v) for k, v in space.items()}
+    for a, (dt, _) in zip(st.args[:st.n_inputs], params):
+        if a.space is not None and dt in STEP_TOLERANCE:
+            raw = out[a.space][a.offset:a.offset + a.bytes]
+            bits = raw.view(np.uint32) if dt == "float32" else raw.view(np.uint16)
+            bits &= bits.dtype.type(0x7FFFFFFF if dt == "float32" else 0x7FFF)
+    return out
+
+
+def _untouched_differs(st, before, got):
+    """True when pocl changed bytes outside every argument of the step's launches."""
+    for space in ("arena", "weights"):
+        keep = np.ones(before[space].size, bool)
+        for L in st.launches:
+            for a in L.args:
+                if a.space == space:
+                    keep[a.offset:a.offset + a.bytes] = False
+        if not np.array_equal(before[space][keep], got[space][keep]):
+            return True
+    return False
+
+
+def stepwise(pkg, inputs, params=None, sim=None, stop_at_first=False):
+    """Check package ``pkg`` launch by launch (see STEP_TOLERANCE): every plan step run on pocl
+    from the arena the previous steps left there, against its unscheduled PrimFunc on the same
+    bytes. Returns {"ok", "steps", "checked", "worst_err", "worst_step", "failing_step",
+    "failing_kernel", "failing_value", "per_step": [{"step", "func", "kernels", "err", "bound",
+    "value", "ok"}]} (err/bound of the argument nearest its bound)."""
+    from .cuda_plan import PlanSteps, aligned_copy
+    sim = sim or Simulator(pkg)
+    if params:
+        sim.set_params(params)
+    plan = PlanSteps(pkg, sim.m)
+    g = sim.guard
+    sim.start(inputs)
+    rows, fail = [], None
+    for st in sim.m.steps:
+        a0, w0 = sim.snapshot()
+        before = {"arena": a0[g:a0.size - g], "weights": w0[g:w0.size - g]}
+        want = {k: aligned_copy(v) for k, v in before.items()}
+        plan.call(st, want)
+        sim.launch_step(st)
+        a1, w1 = sim.snapshot()
+        sim.last_arena, sim.last_weights = a1, w1
+        got = {"arena": a1[g:a1.size - g], "weights": w1[g:w1.size - g]}
+        errs = step_errors(st, plan.params(st), got, want)
+        if any(e > b > 0 for e, b in errs.values()):     # cancellation? (see STEP_TOLERANCE)
+            mag = abs_inputs(st, plan.params(st), before)
+            plan.call(st, mag)
+            errs = step_errors(st, plan.params(st), got, want, mag)
+        if _untouched_differs(st, before, got):
+            errs["(bytes outside its arguments)"] = (float("inf"), 0.0)
+        value = max(errs, key=lambda k: _ratio(*errs[k]))
+        err, bound = errs[value]
+        row = {"step": st.step, "func": st.func, "kernels": [L.kernel for L in st.launches], "err": err,
+               "bound": bound, "value": value, "ok": all(e <= b for e, b in errs.values())}
+        rows.append(row)
+        if not row["ok"] and fail is None:
+            fail = row
+            if stop_at_first:
+                break
+    sim.check_guards()
+    worst = max(rows, key=lambda r: _ratio(r["err"], r["bound"]))
+    return {"ok": fail is None, "steps": len(sim.m.steps), "checked": len(rows), "worst_err": worst["err"],
+            "worst_bound": worst["bound"], "worst_step": worst["step"],
+            "failing_step": fail and fail["step"], "failing_func": fail and fail["func"],
+            "failing_kernel": fail and fail["kernels"], "failing_value": fail and fail["value"], "per_step": rows}
+
+
+def _ratio(err, bound):
+    return err / bound if bound else (0.0 if err == 0 else float("inf"))

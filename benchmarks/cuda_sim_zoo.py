@@ -91,9 +91,10 @@ def conditioning(name, dtype, batch=64):
     return r
 
 
-def run_case(name, case, workdir, dtype="float32", batch=None, check=False):
+def run_case(name, case, workdir, dtype="float32", batch=None, check=False, stepwise=False):
     """Compile one zoo case for CUDA (``check``: the NVRTC/ptxas check of cuda.compile), run it on
-    cuda-sim, compare with float64: one result dict. ``batch`` overrides the case's."""
+    cuda-sim, compare with float64: one result dict. ``batch`` overrides the case's. ``stepwise``:
+    check it launch by launch instead (cuda_sim.stepwise, no float64 reference)."""
     from kiln.backends import cuda, cuda_sim
     batch, train = batch or CASES[case][0], CASES[case][1]
     graph, inputs = zoo_case(name, batch, train)
@@ -101,6 +102,9 @@ def run_case(name, case, workdir, dtype="float32", batch=None, check=False):
     t0 = time.perf_counter()
     pkg = (cuda.compile_train_step if train else cuda.compile)(graph, out, dtype=dtype, check=check)
     t1 = time.perf_counter()
+    if stepwise:
+        return stepwise_row(pkg, inputs, dict(model=name, case=case, batch=batch, dtype=dtype,
+                                              compile_s=round(t1 - t0, 1)), t1)
     try:
         r = cuda_sim.check64(pkg, graph, inputs)
     except cuda_sim.GuardViolation as e:
@@ -112,6 +116,18 @@ def run_case(name, case, workdir, dtype="float32", batch=None, check=False):
     r["max_float32_err"] = max(r["float32_errors"].values(), default=None)
     for k in ("errors", "float32_errors"):
         r[k] = {n: float(f"{v:.3g}") for n, v in r[k].items()}
+    return r
+
+
+def stepwise_row(pkg, inputs, row, t1):
+    """One result dict of cuda_sim.stepwise on ``pkg`` (``row``: the case's fields)."""
+    from kiln.backends import cuda_sim
+    try:
+        r = cuda_sim.stepwise(pkg, inputs)
+    except cuda_sim.GuardViolation as e:
+        r = {"ok": False, "error": str(e), "per_step": []}
+    r.update(row, sim_s=round(time.perf_counter() - t1, 1), guards_clean="error" not in r)
+    r["per_step"] = [dict(s, err=float(f"{s['err']:.3g}")) for s in r["per_step"]]
     return r
 
 
@@ -137,6 +153,8 @@ def main(argv=None):
     p.add_argument("--markdown", metavar="PATH", help="also write the table to this file")
     p.add_argument("--conditioning", action="store_true", help="only measure each training step's rounding floor "
                    "with and without its ReLU masks held (no package is built)")
+    p.add_argument("--stepwise", action="store_true", help="check each package launch by launch against its "
+                   "unscheduled step functions (cuda_sim.stepwise) instead of against float64")
     a = p.parse_args(argv)
     if a.conditioning:
         rows = [conditioning(m.strip(), dt.strip()) for m in a.models.split(",") for dt in a.dtypes.split(",")]
@@ -147,11 +165,12 @@ def main(argv=None):
         for m in a.models.split(","):
             for c in a.cases.split(","):
                 for dt in a.dtypes.split(","):
-                    rows.append(run_case(m.strip(), c.strip(), work, dtype=dt.strip()))
-                    print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("errors", "float32_errors")}),
+                    rows.append(run_case(m.strip(), c.strip(), work, dtype=dt.strip(), stepwise=a.stepwise))
+                    print(json.dumps({k: v for k, v in rows[-1].items()
+                                      if k not in ("errors", "float32_errors", "per_step")}),
                           file=sys.stderr, flush=True)
     print(json.dumps({"ok": all(r["ok"] and r["guards_clean"] for r in rows), "results": rows}))
-    if a.markdown:
+    if a.markdown and not a.stepwise:
         with open(a.markdown, "w") as f:
             f.write(markdown(rows))
     return 0 if all(r["ok"] and r["guards_clean"] for r in rows) else 1
