@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 
+from kiln.backends import cuda_sim, get_backend, is_package
 from kiln.commands import BuildFolder
 from kiln.commands.labgrid_options import add_farm_arguments, farm_lease
 from kiln.errors import UsageError
@@ -26,6 +27,9 @@ def add_arguments(p):
                         "CUDA package, the host target's package); default: a temporary folder, removed "
                         "afterwards unless --keep (the host target then uses its per-model cache)")
     p.add_argument("--keep", action="store_true", help="keep the temporary build folder (its path is reported)")
+    p.add_argument("--stepwise", action="store_true",
+                   help="cuda-sim only: also check the package launch by launch, each plan step's kernels on "
+                        "pocl against the step's unscheduled function on the same bytes (see docs/server_targets.md)")
     add_farm_arguments(p)
 
 
@@ -59,10 +63,28 @@ def compare(got, want, exact, atol, max_report=10):
             "max_abs_diff": float(diff.max()) if diff.size else 0.0, "mismatches": mism}
 
 
-def verify(model, golden, target, atol=None, max_report=10, options=None, keep=False):
+def stepwise_check(model, pairs, options):
+    """cuda_sim.stepwise on the CUDA package behind ``model`` with each golden pair's inputs: the
+    report's "stepwise" object (the first failing pair's, else the one with the worst step)."""
+    p = os.fspath(model)
+    pkg = get_backend("cuda").load(p if is_package(p) else options["package"], interpret=True)
+    sim, reps = cuda_sim.Simulator(pkg.path), []
+    for k, (xs, _) in enumerate(pairs):
+        r = cuda_sim.stepwise(pkg.path, pkg._inputs(xs, None), sim=sim)
+        reps.append(dict(r, pair=k, per_step=[{"step": s["step"], "func": s["func"], "err": s["err"],
+                                               "bound": s["bound"], "ok": s["ok"]} for s in r["per_step"]]))
+        if not r["ok"]:
+            return reps[-1]
+    return max(reps, key=lambda r: r["worst_err"] / r["worst_bound"] if r["worst_bound"] else r["worst_err"])
+
+
+def verify(model, golden, target, atol=None, max_report=10, options=None, keep=False, stepwise=False):
     """Run the golden inputs on ``target`` and compare. ``options["out"]``: the build folder of a
     target that builds something (a board, cuda); without it a temporary folder is used and removed
-    afterwards unless ``keep`` (the report's "build" names a folder that was kept)."""
+    afterwards unless ``keep`` (the report's "build" names a folder that was kept). ``stepwise``
+    (cuda-sim): also check the package launch by launch (stepwise_check)."""
+    if stepwise and target != "cuda-sim":
+        raise UsageError(f"--stepwise checks a CUDA package on cuda-sim: use --target cuda-sim (not {target!r})")
     t = get_target(target)
     pairs = load_golden(golden)
     options = dict(options or {})
@@ -73,6 +95,7 @@ def verify(model, golden, target, atol=None, max_report=10, options=None, keep=F
         options["out"] = build.path
         options.setdefault("package", os.path.join(build.path, "cuda_package"))
         outs = run_target(t, model, [p[0] for p in pairs], options)
+        steps = stepwise_check(model, pairs, options) if stepwise else None
     elapsed = time.time() - t0
     if atol is None:
         atol = t.tolerance(model, options)
@@ -103,8 +126,9 @@ def verify(model, golden, target, atol=None, max_report=10, options=None, keep=F
                 r["reason"] = "; ".join(f"output {p['output']}: {p['reason']}" for p in bad if "reason" in p)
         r["pair"] = k
         results.append(r)
-    ok = all(r["match"] for r in results) and len(outs) == len(pairs)
-    return {"ok": ok, "model": str(model), "golden": str(golden), "target": target, "pairs": len(pairs),
+    ok = all(r["match"] for r in results) and len(outs) == len(pairs) and (steps is None or steps["ok"])
+    extra = {} if steps is None else {"stepwise": steps}
+    return {**extra, "ok": ok, "model": str(model), "golden": str(golden), "target": target, "pairs": len(pairs),
             "matched": sum(r["match"] for r in results), "seconds": round(elapsed, 3),
             "comparison": comparison_rule(exact_target, atol),
             "build": build.kept, "results": results}
@@ -119,7 +143,7 @@ def run(args):
             args.target = lease.board
             options.update(port=lease.url, lease=lease)
         rep = verify(args.model, args.golden, args.target, args.atol, args.max_report,
-                     options=options or None, keep=args.keep)
+                     options=options or None, keep=args.keep, stepwise=args.stepwise)
         if lease is not None:
             rep["labgrid"] = {"place": lease.place_name, "board": lease.board, "coordinator": lease.address,
                               "url": options["port"]}
@@ -131,6 +155,14 @@ def run(args):
             for m in r["mismatches"]:
                 where = f"output {m['output']} " if "output" in m else ""
                 lines.append(f"    {where}at {m['index']}: got {m['got']}, expected {m['expected']}")
+    if "stepwise" in rep:
+        sw = rep["stepwise"]
+        lines.append(f"stepwise: {sw['checked']}/{sw['steps']} plan steps checked against their unscheduled "
+                     f"functions, worst error {sw['worst_err']:.2e} (bound {sw['worst_bound']:.2e}) at step "
+                     f"{sw['worst_step']}")
+        if not sw["ok"]:
+            lines.append(f"  first failing step {sw['failing_step']} ({sw['failing_func']}, kernels "
+                         f"{', '.join(sw['failing_kernel'])}): {sw['failing_value']} differs")
     if rep["build"] and not args.out:
         lines.append(f"build folder kept: {rep['build']}")
     lines.append("OK" if rep["ok"] else "FAILED")

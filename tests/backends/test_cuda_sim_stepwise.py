@@ -1,0 +1,89 @@
+"""cuda_sim.stepwise: a CUDA package checked launch by launch on pocl, each plan step's kernels
+against the step's unscheduled PrimFunc (groups.json, built for LLVM) on the same bytes."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import kiln
+from benchmarks import cuda_sim_zoo
+from kiln.backends import cuda, cuda_sim
+from kiln.cli import main
+from kiln.frontend import executor
+
+pytest.importorskip("pyopencl", reason="cuda-sim needs pyopencl (bash scripts/setup.sh --test installs it)")
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    graph, inputs = cuda_sim_zoo.zoo_case("digits-cnn", 1, False)
+    path = str(tmp_path_factory.mktemp("sw") / "digits")
+    return cuda.compile(graph, path, check=False), graph, inputs
+
+
+def test_digits_cnn_passes_stepwise(digits):
+    pkg, _, inputs = digits
+    r = cuda_sim.stepwise(pkg, inputs)
+    assert r["ok"] and r["checked"] == r["steps"] == len(cuda.load_manifest(pkg).steps), r
+    assert r["failing_step"] is None and r["worst_err"] <= cuda_sim.STEP_TOLERANCE["float32"]
+    assert all(s["ok"] for s in r["per_step"])
+
+
+def test_float16_training_step_passes_stepwise(tmp_path):
+    """fc-autoencoder's float16 training step: half steps agree with their unscheduled functions,
+    and its bias gradients in front of train-mode BatchNorm (exact zeros, float32 reordering noise
+    relative to their own scale) are held to the sum of their terms' magnitudes (abs_inputs)."""
+    r = cuda_sim_zoo.run_case("fc-autoencoder", "train", str(tmp_path), dtype="float16", stepwise=True)
+    assert r["ok"] and r["guards_clean"] and r["checked"] == r["steps"] > 100, {k: v for k, v in r.items()
+                                                                                if k != "per_step"}
+    assert r["worst_err"] <= r["worst_bound"]
+
+
+def corrupted(pkg, dest, step):
+    """A copy of ``pkg`` whose step ``step``'s first launch covers half its grid (half the output
+    left unwritten: a lost tile)."""
+    shutil.copytree(pkg, dest)
+    with open(os.path.join(dest, "manifest.json")) as f:
+        m = json.load(f)
+    L = m["steps"][step]["launches"][0]
+    axis = max(range(3), key=lambda i: L["grid"][i])
+    assert L["grid"][axis] >= 2, L
+    L["grid"][axis] //= 2
+    with open(os.path.join(dest, "manifest.json"), "w") as f:
+        json.dump(m, f)
+    return dest, L["kernel"]
+
+
+def test_a_launch_that_covers_half_its_output_fails_at_its_step(digits, tmp_path):
+    pkg, _, inputs = digits
+    assert cuda_sim.stepwise(pkg, inputs)["ok"]
+    bad, kernel = corrupted(pkg, str(tmp_path / "bad"), 1)
+    r = cuda_sim.stepwise(bad, inputs)
+    assert not r["ok"] and r["failing_step"] == 1 and kernel in r["failing_kernel"], r
+    assert all(s["ok"] for s in r["per_step"][:1])     # the steps before it pass
+    assert r["per_step"][1]["err"] > 1e3 * r["per_step"][1]["bound"]
+
+
+def test_kiln_verify_stepwise(digits, tmp_path, capsys):
+    pkg, graph, inputs = digits
+    model = str(tmp_path / "digits.json")
+    kiln.save(graph, model)
+    np.savez(tmp_path / "g.npz", in_0=inputs[0], out_0=executor.run(graph, *inputs)[0])
+    rc = main(["verify", model, "--golden", str(tmp_path / "g.npz"), "--target", "cuda-sim", "--stepwise", "--json"])
+    rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    sw = rep["stepwise"]
+    assert rc == 0 and rep["ok"] and sw["ok"] and sw["checked"] == sw["steps"] > 0, rep
+    bad, kernel = corrupted(pkg, str(tmp_path / "bad"), 0)
+    rc = main(["verify", bad, "--golden", str(tmp_path / "g.npz"), "--target", "cuda-sim", "--stepwise", "--json"])
+    rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 1 and not rep["ok"] and rep["stepwise"]["failing_kernel"] == [kernel], rep
+
+
+def test_stepwise_needs_cuda_sim(tmp_path, capsys):
+    np.savez(tmp_path / "g.npz", in_0=np.zeros(3, np.float32), out_0=np.zeros(3, np.float32))
+    rc = main(["verify", str(tmp_path / "m.json"), "--golden", str(tmp_path / "g.npz"), "--target", "host",
+               "--stepwise", "--json"])
+    rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 2 and "--target cuda-sim" in rep["error"], rep
