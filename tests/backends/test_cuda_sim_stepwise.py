@@ -41,16 +41,17 @@ def test_float16_training_step_passes_stepwise(tmp_path):
     assert r["worst_err"] <= r["worst_bound"]
 
 
-def corrupted(pkg, dest, step):
-    """A copy of ``pkg`` whose step ``step``'s first launch covers half its grid (half the output
-    left unwritten: a lost tile)."""
+def corrupted(pkg, dest, step, launch=0, factor=2):
+    """A copy of ``pkg`` whose step ``step``'s launch ``launch`` covers 1/``factor`` of its grid,
+    or of its block where the grid is one block (part of the output left unwritten: a lost tile)."""
     shutil.copytree(pkg, dest)
     with open(os.path.join(dest, "manifest.json")) as f:
         m = json.load(f)
-    L = m["steps"][step]["launches"][0]
-    axis = max(range(3), key=lambda i: L["grid"][i])
-    assert L["grid"][axis] >= 2, L
-    L["grid"][axis] //= 2
+    L = m["steps"][step]["launches"][launch]
+    dims = L["grid"] if max(L["grid"]) > 1 else L["block"]
+    axis = max(range(3), key=lambda i: dims[i])
+    assert dims[axis] >= factor, L
+    dims[axis] //= factor
     with open(os.path.join(dest, "manifest.json"), "w") as f:
         json.dump(m, f)
     return dest, L["kernel"]
@@ -87,3 +88,19 @@ def test_stepwise_needs_cuda_sim(tmp_path, capsys):
                "--stepwise", "--json"])
     rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 2 and "--target cuda-sim" in rep["error"], rep
+
+
+def test_int8_package_is_bit_exact_step_by_step(tmp_path):
+    """An int8 package (MLPerf Tiny's FC autoencoder): every step's int8 / int32 results are
+    compared bit-exactly (bound 0), and a lost tile in one of them is a failure."""
+    model = "/work/shared/models/ad01_int8.tflite"
+    if not os.path.exists(model):
+        pytest.skip(f"{model} not found (the shared MLPerf Tiny models)")
+    from kiln.frontend.loader import load_model
+    pkg = cuda.compile(load_model(model), str(tmp_path / "i8"), arch="sm_80", check=None)
+    x = np.load(model.replace(".tflite", ".golden.npz"))["in_0"]
+    r = cuda_sim.stepwise(pkg, [x])
+    assert r["ok"] and r["worst_err"] == 0 and all(s["bound"] == 0 for s in r["per_step"]), r
+    bad, kernel = corrupted(pkg, str(tmp_path / "bad"), 3, launch=-1, factor=16)   # 64 of 128 outputs
+    r = cuda_sim.stepwise(bad, [x])
+    assert not r["ok"] and r["failing_step"] == 3 and kernel in r["failing_kernel"] and r["per_step"][3]["err"] > 0, r
