@@ -494,12 +494,14 @@ def _untouched_differs(st, before, got):
     return False
 
 
-def stepwise(pkg, inputs, params=None, sim=None, stop_at_first=False):
+def stepwise(pkg, inputs, params=None, sim=None, stop_at_first=False, progress=None):
     """Check package ``pkg`` launch by launch (see STEP_TOLERANCE): every plan step run on pocl
     from the arena the previous steps left there, against its unscheduled PrimFunc on the same
     bytes. Returns {"ok", "steps", "checked", "worst_err", "worst_step", "failing_step",
     "failing_kernel", "failing_value", "per_step": [{"step", "func", "kernels", "err", "bound",
-    "value", "ok"}]} (err/bound of the argument nearest its bound)."""
+    "value", "ok"}]} (err/bound of the argument nearest its bound; err None: infinite, NaN bytes
+    where the unscheduled step wrote numbers, or bytes changed outside the arguments); ``progress`` is called with
+    each step's row as it is checked."""
     from .cuda_plan import PlanSteps, aligned_copy
     sim = sim or Simulator(pkg)
     if params:
@@ -529,12 +531,16 @@ def stepwise(pkg, inputs, params=None, sim=None, stop_at_first=False):
         row = {"step": st.step, "func": st.func, "kernels": [L.kernel for L in st.launches], "err": err,
                "bound": bound, "value": value, "ok": all(e <= b for e, b in errs.values())}
         rows.append(row)
+        if progress:
+            progress(dict(row, err=err if np.isfinite(err) else None))
         if not row["ok"] and fail is None:
             fail = row
             if stop_at_first:
                 break
     sim.check_guards()
     worst = max(rows, key=lambda r: _ratio(r["err"], r["bound"]))
+    for r in rows:      # JSON has no infinity: null (NaN left where a number was written, or stray bytes)
+        r["err"] = r["err"] if np.isfinite(r["err"]) else None
     return {"ok": fail is None, "steps": len(sim.m.steps), "checked": len(rows), "worst_err": worst["err"],
             "worst_bound": worst["bound"], "worst_step": worst["step"],
             "failing_step": fail and fail["step"], "failing_func": fail and fail["func"],

@@ -123,11 +123,12 @@ def stepwise_row(pkg, inputs, row, t1):
     """One result dict of cuda_sim.stepwise on ``pkg`` (``row``: the case's fields)."""
     from kiln.backends import cuda_sim
     try:
-        r = cuda_sim.stepwise(pkg, inputs)
+        r = cuda_sim.stepwise(pkg, inputs, progress=lambda s: print(json.dumps(dict(s, kernels=len(s["kernels"]))),
+                                                                    file=sys.stderr, flush=True))
     except cuda_sim.GuardViolation as e:
         r = {"ok": False, "error": str(e), "per_step": []}
     r.update(row, sim_s=round(time.perf_counter() - t1, 1), guards_clean="error" not in r)
-    r["per_step"] = [dict(s, err=float(f"{s['err']:.3g}")) for s in r["per_step"]]
+    r["per_step"] = [dict(s, err=None if s["err"] is None else float(f"{s['err']:.3g}")) for s in r["per_step"]]
     return r
 
 

@@ -78,6 +78,10 @@ def stepwise_check(model, pairs, options):
     return max(reps, key=lambda r: r["worst_err"] / r["worst_bound"] if r["worst_bound"] else r["worst_err"])
 
 
+def _err(v):
+    return "infinite (NaN left, or bytes changed outside its arguments)" if v is None else f"{v:.2e}"
+
+
 def verify(model, golden, target, atol=None, max_report=10, options=None, keep=False, stepwise=False):
     """Run the golden inputs on ``target`` and compare. ``options["out"]``: the build folder of a
     target that builds something (a board, cuda); without it a temporary folder is used and removed
@@ -158,7 +162,7 @@ def run(args):
     if "stepwise" in rep:
         sw = rep["stepwise"]
         lines.append(f"stepwise: {sw['checked']}/{sw['steps']} plan steps checked against their unscheduled "
-                     f"functions, worst error {sw['worst_err']:.2e} (bound {sw['worst_bound']:.2e}) at step "
+                     f"functions, worst error {_err(sw['worst_err'])} (bound {sw['worst_bound']:.2e}) at step "
                      f"{sw['worst_step']}")
         if not sw["ok"]:
             lines.append(f"  first failing step {sw['failing_step']} ({sw['failing_func']}, kernels "
