@@ -58,10 +58,11 @@ def prepare_feeds(graph: Graph, args, feeds):
 
 
 def run(graph: Graph, *args, feeds=None, params=None, check=False, stats: RunStats | None = None,
-        keep=(), outputs=None):
+        keep=(), outputs=None, after=None):
     """Run ``graph`` on positional inputs (or a ``feeds`` dict). ``params`` overrides parameter or
     constant values by name. Returns the list of output arrays (``outputs`` names others to return).
-    ``keep`` names extra values to return in a dict (second return value) when given."""
+    ``keep`` names extra values to return in a dict (second return value) when given. ``after(name,
+    value)``, when given, replaces each node's result (e.g. rounds it as a target stores it)."""
     env = prepare_feeds(graph, args, feeds)
     tensors = graph.tensors()
     if params:
@@ -115,7 +116,7 @@ def run(graph: Graph, *args, feeds=None, params=None, check=False, stats: RunSta
             srcs = ", ".join(f"{i} ({graph.types[i]})" for i in node.inputs)
             raise NumericsError(f"{bad} produced by node {k} {node.name!r} (op '{node.op}') from inputs {srcs}",
                                 node=node.name, op=node.op)
-        env[node.name] = y
+        env[node.name] = y if after is None else after(node.name, y)
         live += y.nbytes
         peak = max(peak, live)
         for i in set(node.inputs) | {node.name}:

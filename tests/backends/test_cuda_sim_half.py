@@ -13,6 +13,7 @@ from kiln.backends import cuda, cuda_sim, half_legalize
 from kiln.cli import main
 from kiln.frontend import executor
 from tests.backends.server_models import make
+from tests.backends.test_cuda_sim_stepwise import corrupted
 
 
 def _on_pocl(fcompute, inputs, out_dtype):
@@ -150,9 +151,10 @@ def test_kiln_verify_float16_package_on_cuda_sim(tmp_path, mlp, capsys):
     assert rc == 0 and rep["ok"], rep
 
 
-def _cancelling_graph():
-    """y = (x - c) * 1000 with x near c: rounding x to float16 (2^-11 relative) moves y by O(1) of
-    its scale, however exactly the package computes; ill-conditioned at half precision."""
+def _cancelling_graph(spread=3e-3):
+    """y = (x - c) * 1000 with x near c (within ``spread``): rounding x to float16 (2^-11
+    relative) moves y by O(1) of its scale, however exactly the package computes; ill-conditioned
+    at half precision."""
     from kiln.frontend import Graph, TensorType
     g = Graph("cancel")
     g.add_input("x", TensorType((1, 64), "float32"))
@@ -161,18 +163,22 @@ def _cancelling_graph():
     g.add_node("sub", ["x", "c"], {}, name="d")
     g.add_node("mul", ["d", "k"], {}, name="y")
     g.outputs = ["y"]
-    x = (1.0001 + np.random.default_rng(0).uniform(-3e-3, 3e-3, (1, 64))).astype(np.float32)
+    x = (1.0001 + np.random.default_rng(0).uniform(-spread, spread, (1, 64))).astype(np.float32)
     return g, x
 
 
-def test_rounding_floor_measures_what_half_inputs_alone_cost():
+def test_rounding_floor_measures_what_half_storage_alone_costs():
     g, x = _cancelling_graph()
     want, _ = cuda_sim.reference64(g, [x])
+    inputs16 = cuda_sim.rounding_floor64(g, [x], want, None, "float16", values=False)["y"]
     floor16 = cuda_sim.rounding_floor64(g, [x], want, None, "float16")["y"]
     floor32 = cuda_sim.rounding_floor64(g, [x], want, None, "float32")["y"]
-    assert 0.05 < floor16 < 0.5 and floor32 == 0.0     # float32 values are not rounded
-    keep = cuda_sim.rounding_floor64(g, [x], want, None, "float16", storage={"x": "float32", "c": "float32"})
+    assert 0.05 < inputs16 <= floor16 < 0.5 and floor32 == 0.0     # float32 values are not rounded
+    f32 = {"x": "float32", "c": "float32", "k": "float32"}
+    keep = cuda_sim.rounding_floor64(g, [x], want, None, "float16", storage=dict(f32, d="float32", y="float32"))
     assert keep["y"] == 0.0                        # values the package keeps in float32 are not rounded
+    stored = cuda_sim.rounding_floor64(g, [x], want, None, "float16", storage=f32)["y"]
+    assert 0 < stored < 2.0 ** -10                 # d and y stored in float16: rounded where computed
     bound, _, floor = cuda_sim.bounds64(g, [x], want, None, "float16")
     assert floor["y"] == floor16 and bound["y"] == min(cuda_sim.FLOOR_CAP, 4 * floor16)
 
@@ -187,3 +193,22 @@ def test_ill_conditioned_half_package_is_held_to_its_rounding_floor(tmp_path):
     assert r["max_err"] <= 2 * r["rounding_floor"]["y"], r
     want, _ = cuda_sim.reference64(g, [x])
     assert cuda_sim.errors64(g, [-want[0]], want)["y"] > r["bound"]      # a sign error fails
+
+
+def test_half_output_beyond_float64_passes_only_launch_by_launch(tmp_path):
+    """Closer to c the float16 floor passes FLOOR_CAP / PEER_FACTOR: float64 can no longer tell a
+    wrong result from rounding (mobilenet-v1-0.25's half training steps). check64 then holds the
+    output to PEER_FACTOR x its floor only once every launch agrees with its unscheduled step;
+    without that check, or with a launch that covers half its grid, it fails."""
+    g, x = _cancelling_graph(spread=4e-4)
+    pkg = cuda.compile(g, str(tmp_path / "p"), dtype="float16", check=False)
+    alone = cuda_sim.check64(pkg, g, [x], launch_check=False)
+    floor = alone["rounding_floor"]["y"]
+    assert alone["beyond_float64"] == ["y"] and cuda_sim.PEER_FACTOR * floor > cuda_sim.FLOOR_CAP, alone
+    assert not alone["ok"] and alone["stepwise"] is None and alone["bound"] == cuda_sim.FLOOR_CAP
+    r = cuda_sim.check64(pkg, g, [x])
+    assert r["ok"] and r["stepwise"]["ok"] and r["stepwise"]["checked"] == r["stepwise"]["steps"] >= 1, r
+    assert r["bound"] == cuda_sim.PEER_FACTOR * floor and r["max_err"] <= 2 * floor
+    bad, _ = corrupted(pkg, str(tmp_path / "bad"), 0, factor=32)     # 32 of 64 elements written
+    rb = cuda_sim.check64(bad, g, [x])
+    assert not rb["ok"] and not rb["stepwise"]["ok"] and rb["stepwise"]["failing_step"] == 0, rb
