@@ -7,7 +7,10 @@ DLight schedules, no NVRTC check) and run by
 backends/cuda_sim.py on pocl with the packages' own launch plans, on a NaN-poisoned arena between
 guard zones. Every output, gradient and buffer update is compared with the same graph run by the
 NumPy executor in float64 (cuda_sim.check64: error relative to the output's scale, gradients to
-the step's largest gradient). Prints one JSON object; --markdown also writes the table.
+the step's largest gradient). An output whose rounding floor is beyond what float64 can judge
+(cuda_sim.beyond_float64: mobilenet-v1-0.25's half training steps) also needs the package to pass
+launch by launch (cuda_sim.stepwise, run automatically; progress per step on stderr). Prints one
+JSON object; --markdown also writes the table.
 
     .venv/bin/python benchmarks/cuda_sim_zoo.py [--models ds-cnn,resnet8] [--cases b1,b64,train] \\
         [--dtypes float32,float16,bfloat16] [--markdown table.md]
@@ -38,25 +41,9 @@ CASES = {"b1": (1, False), "b64": (64, False), "train": (64, True)}
 
 def zoo_case(name, batch, train, seed=0):
     """(graph, inputs) of zoo model ``name``: its inference graph at ``batch`` in eval mode, or
-    its training step (kiln.training.step.StepGraph) at ``batch``, with random inputs."""
-    import kiln
-    from kiln.frontend.trace import trace
-    from kiln.frontend.types import TensorType
-    from kiln.training import zoo
-    from kiln.training.step import StepGraph
-    kiln.frontend.manual_seed(seed)
-    zm = zoo.get(name)
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((batch,) + tuple(zm.input_shape[1:])).astype(np.float32)
-    if not train:
-        zm.module.eval()
-        return trace(zm.module, TensorType(x.shape), name=f"{name.replace('.', '_')}_b{batch}"), [x]
-    sg = StepGraph(zm.module, zm.loss, zm.input_shape[1:], batch)
-    y = rng.integers(0, zm.num_classes or 2, batch) if sg.target_input == "labels" else None
-    if sg.target_input not in (None, "labels"):
-        y = rng.standard_normal(sg.graph.types[sg.target_input].shape).astype(np.float32)
-    feeds = sg.feeds(x, y, 1)
-    return sg.graph, [feeds[k] for k in sg.graph.inputs]
+    its training step at ``batch``, with random inputs (kiln.training.cases.case)."""
+    from kiln.cases import case
+    return case(name, batch, train, seed)
 
 
 def frozen_branches(graph, values):
@@ -85,7 +72,7 @@ def conditioning(name, dtype, batch=64):
     storage = tvm_te.precision_plan(graph, dtype, "mixed").storage
     r = {"model": name, "dtype": dtype, "branches": len(held)}
     for key, g in (("", graph), ("_fixed_branches", frozen_branches(graph, kept))):
-        floor = cuda_sim.rounding_floor64(g, inputs, want, None, dtype, storage=storage)
+        floor = cuda_sim.rounding_floor64(g, inputs, want, None, dtype, storage=storage, values=False)
         worst = max(floor, key=floor.get)
         r["floor" + key], r["worst" + ("_fixed" if key else "")] = float(f"{floor[worst]:.3g}"), worst
     return r
@@ -106,10 +93,11 @@ def run_case(name, case, workdir, dtype="float32", batch=None, check=False, step
         return stepwise_row(pkg, inputs, dict(model=name, case=case, batch=batch, dtype=dtype,
                                               compile_s=round(t1 - t0, 1)), t1)
     try:
-        r = cuda_sim.check64(pkg, graph, inputs)
+        r = cuda_sim.check64(pkg, graph, inputs, progress=_progress)
     except cuda_sim.GuardViolation as e:
-        r = {"max_err": None, "worst": None, "errors": {}, "float32_errors": {}, "bound": None,
-             "tolerance": cuda_sim.TOLERANCE64[dtype], "ok": False, "guards_clean": False, "error": str(e)}
+        r = {"max_err": None, "worst": None, "errors": {}, "float32_errors": {}, "bound": None, "beyond_float64": [],
+             "stepwise": None, "tolerance": cuda_sim.TOLERANCE64[dtype], "ok": False, "guards_clean": False,
+             "error": str(e)}
     r.update(model=name, case=case, batch=batch, dtype=dtype, launches=sum(len(s.launches) for s in
                                                                             cuda.load_manifest(pkg).steps),
              compile_s=round(t1 - t0, 1), sim_s=round(time.perf_counter() - t1, 1))
@@ -119,12 +107,15 @@ def run_case(name, case, workdir, dtype="float32", batch=None, check=False, step
     return r
 
 
+def _progress(step):
+    print(json.dumps(dict(step, kernels=len(step["kernels"]))), file=sys.stderr, flush=True)
+
+
 def stepwise_row(pkg, inputs, row, t1):
     """One result dict of cuda_sim.stepwise on ``pkg`` (``row``: the case's fields)."""
     from kiln.backends import cuda_sim
     try:
-        r = cuda_sim.stepwise(pkg, inputs, progress=lambda s: print(json.dumps(dict(s, kernels=len(s["kernels"]))),
-                                                                    file=sys.stderr, flush=True))
+        r = cuda_sim.stepwise(pkg, inputs, progress=_progress)
     except cuda_sim.GuardViolation as e:
         r = {"ok": False, "error": str(e), "per_step": []}
     r.update(row, sim_s=round(time.perf_counter() - t1, 1), guards_clean="error" not in r)
@@ -134,14 +125,18 @@ def stepwise_row(pkg, inputs, row, t1):
 
 def markdown(rows):
     lines = ["| model | case | launches | cuda-sim max error vs float64 | NumPy float32 max error vs float64 | "
-             "output nearest its bound: error / bound | guard zones |", "|---|---|---|---|---|---|---|"]
+             "output nearest its bound: error / bound | launch by launch | guard zones |",
+             "|---|---|---|---|---|---|---|---|"]
 
     def e(v):
         return "-" if v is None else f"{v:.1e}"
     for r in rows:
         near = "-" if r["worst"] is None else f"{r['worst']}: {e(r['errors'][r['worst']])} / {e(r['bound'])}"
+        sw = r.get("stepwise")
+        launches = "-" if not sw else (f"{sw['checked']} / {sw['steps']} steps pass" if sw["ok"] else
+                                       f"FAILS at step {sw['failing_step']}")
         lines.append(f"| {r['model']} | {r['case']} ({r['dtype']}) | {r['launches']} | {e(r['max_err'])} | "
-                     f"{e(r['max_float32_err'])} | {near} | {'clean' if r['guards_clean'] else 'WRITTEN'} |")
+                     f"{e(r['max_float32_err'])} | {near} | {launches} | {'clean' if r['guards_clean'] else 'WRITTEN'} |")
     return "\n".join(lines) + "\n"
 
 

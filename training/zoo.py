@@ -168,6 +168,18 @@ def get(name) -> ZooModel:
 MODEL_FILES = (".json", ".onnx", ".pt2")
 
 
+def resolve(model) -> tuple[ZooModel, str]:
+    """(entry, name) of ``model``: a float model file (from_model_file), a .py model file
+    (load_user_model) or a zoo name (get); ``name`` is the file's stem or the zoo name."""
+    model = os.fspath(model)
+    stem = os.path.splitext(os.path.basename(model))[0]
+    if is_model_file(model):
+        return from_model_file(model), stem
+    if model.endswith(".py") or os.path.sep in model:
+        return load_user_model(model), stem
+    return get(model), model
+
+
 def is_model_file(path) -> bool:
     """A saved or imported model (Kiln graph .json, ONNX, PyTorch .pt2) rather than a .py model file."""
     return os.path.splitext(os.fspath(path))[1].lower() in MODEL_FILES

@@ -165,15 +165,10 @@ def train(args):
         raise UsageError("--resume needs --out DIR (the folder holding checkpoint.npz)")
     seed = overrides.get("seed", 0)
     manual_seed(seed)
-    if zoo.is_model_file(args.model):
-        entry, name = zoo.from_model_file(args.model), os.path.splitext(os.path.basename(args.model))[0]
-        if not args.data:
-            raise UsageError(f"{args.model} has no dataset of its own: give --data FILE.npz (x_train, y_train, "
-                             f"x_test, y_test) or --data synthetic")
-    elif args.model.endswith(".py") or os.path.sep in args.model:
-        entry, name = zoo.load_user_model(args.model), os.path.splitext(os.path.basename(args.model))[0]
-    else:
-        entry, name = zoo.get(args.model), args.model
+    entry, name = zoo.resolve(args.model)
+    if zoo.is_model_file(args.model) and not args.data:
+        raise UsageError(f"{args.model} has no dataset of its own: give --data FILE.npz (x_train, y_train, "
+                         f"x_test, y_test) or --data synthetic")
     base = DIGITS_RECIPE if name == "digits-cnn" else ZOO_RECIPE
     out = args.out or default_out(name)
     force = _may_replace(out, args.force, args.resume, sys.stdin.isatty() and not args.json)

@@ -15,9 +15,10 @@ from kiln.targets import get_target, run_target
 
 
 def add_arguments(p):
-    p.add_argument("model", help="model file (.tflite or Kiln graph .json) or a compiled package folder")
-    p.add_argument("--golden", required=True, help=".npz of golden pairs: in_K/out_K (one input and output), or "
-                   "in_K_J/out_K_J for input/output J of pair K (see `kiln golden`)")
+    p.add_argument("model", help="model file (.tflite or Kiln graph .json) or a compiled package folder; with "
+                   "--float64 also a zoo model name or a .py model file")
+    p.add_argument("--golden", help=".npz of golden pairs: in_K/out_K (one input and output), or "
+                   "in_K_J/out_K_J for input/output J of pair K (see `kiln golden`); required unless --float64")
     p.add_argument("--target", default="reference",
                    help="reference | host | host-llvm | cuda | a board name (see `kiln boards`)")
     p.add_argument("--atol", type=float, default=None, help="tolerance for float outputs (default: the target's)")
@@ -30,6 +31,18 @@ def add_arguments(p):
     p.add_argument("--stepwise", action="store_true",
                    help="cuda-sim only: also check the package launch by launch, each plan step's kernels on "
                         "pocl against the step's unscheduled function on the same bytes (see docs/server_targets.md)")
+    f64 = p.add_argument_group("against float64 (cuda-sim, float models; instead of --golden)")
+    f64.add_argument("--float64", action="store_true",
+                     help="compile the float model (or, with --train-step, its training step) as a CUDA package, run "
+                          "it on cuda-sim with seeded random inputs and compare every output, gradient and buffer "
+                          "update with the graph computed in float64, each within its stated bound (see "
+                          "docs/server_targets.md, 'The model zoo against float64')")
+    f64.add_argument("--train-step", action="store_true", help="--float64: check the model's training step "
+                     "(forward, its loss, backward, BatchNorm buffer updates) instead of its inference graph")
+    f64.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                     help="--float64: the CUDA package's storage dtype (half training steps: mixed precision)")
+    f64.add_argument("--batch", type=int, default=None, help="--float64: batch size (default 1; 64 for --train-step)")
+    f64.add_argument("--seed", type=int, default=0, help="--float64: seed of the inputs and initial parameters")
     add_farm_arguments(p)
 
 
@@ -139,6 +152,11 @@ def verify(model, golden, target, atol=None, max_report=10, options=None, keep=F
 
 
 def run(args):
+    if args.float64 or args.train_step:
+        return run_float64(args)
+    if not args.golden:
+        raise UsageError("kiln verify needs --golden G.npz (golden pairs: see `kiln golden`), or --float64 "
+                         "(cuda-sim: a float model against float64)")
     with farm_lease(args) as lease:
         options = {"out": args.out} if args.out else {}
         if lease is not None:       # a labgrid place: its board, over its serial port
@@ -171,4 +189,18 @@ def run(args):
         lines.append(f"build folder kept: {rep['build']}")
     lines.append("OK" if rep["ok"] else "FAILED")
     rep["text"] = "\n".join(lines)
+    return rep
+
+
+def run_float64(args):
+    """kiln verify --float64 (kiln/commands/verify64.py)."""
+    from kiln.commands import verify64
+    if args.train_step and not args.float64:
+        raise UsageError("--train-step is checked against float64: add --float64")
+    if args.golden or args.stepwise:
+        raise UsageError("--float64 compares with float64, not golden pairs (drop --golden), and runs the "
+                         "launch-by-launch check itself where float64 cannot judge (drop --stepwise)")
+    rep = verify64.verify64(args.model, args.target, args.dtype, args.train_step, args.batch, args.seed,
+                            args.out, args.keep)
+    rep["text"] = verify64.text(rep)
     return rep
