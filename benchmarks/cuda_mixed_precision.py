@@ -7,7 +7,9 @@ loss scaling) and run on the CPU by the plan interpreter (cuda-plan: the package
 on its own arena and weights blob, in their storage dtypes). Outputs are compared with the same
 step computed in float64 (cuda_sim.errors64: gradients relative to the step's largest gradient),
 each within its bound (cuda_sim.bounds64: TOLERANCE64 of the dtype, or 4x NumPy's float32 error
-where larger). BatchNorm buffer updates are not compared (the interpreter returns outputs only).
+where larger, or 4x the rounding floor of the inputs and parameters alone, values=False: the policy
+compared against the same allowance for both; `kiln verify --float64` also rounds the stored
+values). BatchNorm buffer updates are not compared (the interpreter returns outputs only).
 Prints one JSON object; --markdown also writes the table.
 
     .venv/bin/python benchmarks/cuda_mixed_precision.py [--models ds-cnn,resnet8] \\
@@ -34,7 +36,7 @@ def run_case(graph, inputs, want, peer, dtype, precision, workdir):
     m = cuda.load_manifest(pkg)
     errs = cuda_sim.errors64(graph, got, want)
     p = m.extra.get("precision", {})
-    floor = cuda_sim.rounding_floor64(graph, inputs, want, None, dtype, storage=p.get("storage"))
+    floor = cuda_sim.rounding_floor64(graph, inputs, want, None, dtype, storage=p.get("storage"), values=False)
     bound = cuda_sim.bounds_from(dtype, peer, floor)
     worst = max(errs, key=lambda k: errs[k] / bound[k])
     return {"dtype": dtype, "precision": precision, "loss_scale": p.get("loss_scale"), "max_err": max(errs.values()),
