@@ -3,7 +3,9 @@
 Values are freed after their last use, so ``peak_live_bytes`` reports what the schedule needs
 (inputs and node outputs; parameters and constants are not counted). With ``check=True`` the first
 node whose output holds NaN or Inf raises :class:`NumericsError` naming the node and the op.
-Nodes with quantised operands (a TensorType with ``quant``) run the op's int8 reference.
+Nodes with quantised operands (a TensorType with ``quant``) run the op's int8 reference. A
+stateful LSTM's sequence node and its cell twin (``lstm_state.cell_twins``) share one run of the
+recurrence: the first of the two computes both values.
 """
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ import numpy as np
 from . import ops  # noqa: F401  (fills the registry)
 from .errors import GraphError, NumericsError
 from .graph import Graph
+from .lstm_state import cell_twins
+from .ops.recurrent import lstm_states
+from .ops.recurrent_16x8 import lstm_16x8_states
 from .registry import get_op
 from .types import np_dtype
 
@@ -57,6 +62,47 @@ def prepare_feeds(graph: Graph, args, feeds):
     return out
 
 
+def _evaluate(graph, k, node, xs):
+    """Node k's value by its op's reference rule (the int8 one for quantised operands)."""
+    opdef = get_op(node.op)
+    try:
+        # NaN/Inf are values like any other here; check=True is the way to stop at the first
+        with np.errstate(all="ignore"):
+            if opdef.int8_ref is not None and _is_quantized(graph, node):
+                return opdef.int8_ref(xs, node.attrs, [graph.types[i] for i in node.inputs], graph.types[node.name])
+            return opdef.rule("ref")(xs, node.attrs)
+    except (NotImplementedError, GraphError, NumericsError):
+        raise
+    except Exception as e:  # a reference rule failed: say where
+        raise GraphError(f"node {k} {node.name!r} ({node.op}) failed: {type(e).__name__}: {e}") from e
+
+
+def _shared_runs(graph):
+    """{node: partner} for each stateful lstm and its cell twin (``lstm_state.cell_twins``): the
+    first of the two in the schedule runs the recurrence once and keeps the partner's value."""
+    out = {}
+    for seq, twin in cell_twins(graph.nodes).items():
+        out[seq], out[twin.name] = twin, graph.producer(seq)
+    return out
+
+
+def _evaluate_pair(graph, k, node, other, xs):
+    """(node's value, its partner's) from one run of the lstm recurrence both read: the sequence
+    and the final cell state, as the C backend's kernel writes both."""
+    seq = node if node.attrs.get("output", "sequence") == "sequence" else other
+    try:
+        with np.errstate(all="ignore"):
+            if _is_quantized(graph, seq):
+                ys = lstm_16x8_states(xs, seq.attrs, [graph.types[i] for i in seq.inputs], graph.types[seq.name])
+            else:
+                ys = lstm_states(xs, seq.attrs)
+    except (GraphError, NumericsError):
+        raise
+    except Exception as e:
+        raise GraphError(f"node {k} {node.name!r} ({node.op}) failed: {type(e).__name__}: {e}") from e
+    return ys if seq is node else ys[::-1]
+
+
 def run(graph: Graph, *args, feeds=None, params=None, check=False, stats: RunStats | None = None,
         keep=(), outputs=None, after=None):
     """Run ``graph`` on positional inputs (or a ``feeds`` dict). ``params`` overrides parameter or
@@ -84,27 +130,19 @@ def run(graph: Graph, *args, feeds=None, params=None, check=False, stats: RunSta
         del env[name]
     live = sum(v.nbytes for v in env.values())
     peak = live
+    partner = _shared_runs(graph)
+    stash = {}                                  # node -> value computed with its partner's run
     for k, node in enumerate(graph.nodes):
-        opdef = get_op(node.op)
-        xs = []
-        for i in node.inputs:
-            if i in env:
-                xs.append(env[i])
-            else:
-                xs.append(tensors[i])
-        try:
-            # NaN/Inf are values like any other here; check=True is the way to stop at the first
-            with np.errstate(all="ignore"):
-                if opdef.int8_ref is not None and _is_quantized(graph, node):
-                    y = opdef.int8_ref(xs, node.attrs, [graph.types[i] for i in node.inputs], graph.types[node.name])
-                else:
-                    y = opdef.rule("ref")(xs, node.attrs)
-        except NotImplementedError:
-            raise
-        except (GraphError, NumericsError):
-            raise
-        except Exception as e:  # a reference rule failed: say where
-            raise GraphError(f"node {k} {node.name!r} ({node.op}) failed: {type(e).__name__}: {e}") from e
+        xs = [env[i] if i in env else tensors[i] for i in node.inputs]
+        if node.name in stash:
+            y = stash.pop(node.name)
+            live -= y.nbytes
+        elif node.name in partner:
+            y, other = _evaluate_pair(graph, k, node, partner[node.name], xs)
+            stash[partner[node.name].name] = other
+            live += other.nbytes
+        else:
+            y = _evaluate(graph, k, node, xs)
         y = np.asarray(y)
         t = graph.types[node.name]
         if y.shape != t.shape:

@@ -3,9 +3,10 @@ TFLite's variable tensors that LiteRT and TFLite Micro carry from one invocation
 
 ``carry_state`` adds the next-state values after an ``lstm`` node: ``h0 <- y[:, T-1]`` (a slice and
 a reshape of its output) and ``c0 <- lstm(...; output="cell")`` (a second lstm node with the same
-inputs returning the final cell state, its *cell twin*: the op has one output). The NumPy
-reference runs the twin's recurrence again; the C backend lowers the pair as one kernel that writes
-both (``cell_twins``; backends/passes.py fuse), so generated C computes the recurrence once.
+inputs returning the final cell state, its *cell twin*: the op has one output). Kiln computes the
+pair's recurrence once per run: the NumPy reference evaluates the two together (``cell_twins``;
+frontend/executor.py) and the C backend lowers it as one kernel that writes both (backends/passes.py
+fuse).
 The TFLite importer (ops/recurrent_tflite.py), ``F.lstm(stateful=True)`` and ``nn.LSTM(stateful=True)``
 build it; the exporter recognises it (``state_nodes``) and writes one operator with variable
 tensors. Runners keep the states as for any stateful graph (docs/sequence_models.md).

@@ -68,7 +68,9 @@ def _sigmoid(v):
         return (1.0 / (1.0 + np.exp(-v))).astype(v.dtype, copy=False)
 
 
-def _lstm_ref(xs, a):
+def lstm_states(xs, a):
+    """The float recurrence run once: (every step's hidden state in the output's layout, the final
+    cell state). A stateful LSTM's two nodes (the sequence and its cell twin) share it (executor)."""
     x, wx, wh, b, h, c = xs[0], xs[1:5], xs[5:9], xs[9:13], xs[13], xs[14]
     xb = np.swapaxes(x, 0, 1) if a["time_major"] else x         # [N, T, I]
     out = np.zeros(xb.shape[:2] + (wx[0].shape[0],), x.dtype)
@@ -78,9 +80,13 @@ def _lstm_ref(xs, a):
         c = _clip(f * c + i * np.tanh(pre[2]), a["cell_clip"])
         h = o * np.tanh(c)
         out[:, t] = h
-    if a.get("output") == "cell":
-        return np.asarray(c, x.dtype)
-    return np.swapaxes(out, 0, 1).copy() if a["time_major"] else out
+    seq = np.swapaxes(out, 0, 1).copy() if a["time_major"] else out
+    return seq, np.asarray(c, x.dtype)
+
+
+def _lstm_ref(xs, a):
+    seq, cell = lstm_states(xs, a)
+    return cell if a.get("output") == "cell" else seq
 
 
 register("lstm", attrs=LSTM_ATTRS, infer=_lstm_infer, ref=_lstm_ref, props={LINEAR, QUANTIZABLE},

@@ -141,9 +141,11 @@ def step_16x8(p, xt, h, c, wx, wh, b):
     return h, c
 
 
-def lstm_16x8(xs, attrs, in_types, out_type):
-    cell = attrs.get("output") == "cell"        # the final cell state (a stateful LSTM's next c0)
-    p = lstm_16x8_params(in_types, in_types[13] if cell else out_type, attrs["cell_clip"])
+def lstm_16x8_states(xs, attrs, in_types, out_type):
+    """The integer recurrence run once: (every step's output in the output's layout and dtype, the
+    final int16 cell state). ``out_type`` is the sequence output's type (or, for a cell twin, the
+    output state h0's: the two share quantisation). A stateful LSTM's two nodes share one run."""
+    p = lstm_16x8_params(in_types, out_type, attrs["cell_clip"])
     x = xs[0].astype(np.int64)
     xb = np.swapaxes(x, 0, 1) if attrs["time_major"] else x
     wx, wh = xs[1:5], xs[5:9]
@@ -153,10 +155,14 @@ def lstm_16x8(xs, attrs, in_types, out_type):
     for t in range(xb.shape[1]):
         h, c = step_16x8(p, xb[:, t], h, c, wx, wh, b)
         out[:, t] = h
-    if cell:
-        return c.astype(INT16)
     out = np.swapaxes(out, 0, 1) if attrs["time_major"] else out
-    return np.ascontiguousarray(out).astype(p["dtype"])
+    return np.ascontiguousarray(out).astype(p["dtype"]), c.astype(INT16)
+
+
+def lstm_16x8(xs, attrs, in_types, out_type):
+    if attrs.get("output") == "cell":           # the final cell state (a stateful LSTM's next c0)
+        return lstm_16x8_states(xs, attrs, in_types, in_types[13])[1]
+    return lstm_16x8_states(xs, attrs, in_types, out_type)[0]
 
 
 defrule("lstm", "int8_ref")(lstm_16x8)
