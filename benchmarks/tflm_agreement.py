@@ -1,5 +1,6 @@
 """Kiln's reference against TensorFlow Lite Micro's interpreter on every .tflite under the given
-folders: two random samples each (integer inputs over their whole range), outputs compared bit for
+folders: two random samples each (``kiln.samples.random_inputs``, seed 0: integer inputs over their
+whole range, int32 ones from [-1000, 1000]), outputs compared bit for
 bit (float outputs within 1e-4 of their scale). For each model that differs, the first differing
 operator is named (the model cut after each operator, exported and run on both).
 
@@ -20,26 +21,10 @@ import numpy as np
 from kiln import tflm
 from kiln.frontend import load_model, run
 from kiln.quantize.tflite_export import export_tflite
+from kiln.samples import random_inputs
 
-
-def samples(g, n=2, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        xs = []
-        for v in g.inputs:
-            t = g.types[v]
-            if t.dtype in ("int8", "int16", "uint8"):
-                info = np.iinfo(t.dtype)
-                xs.append(rng.integers(int(info.min), int(info.max) + 1, size=t.shape).astype(t.dtype))
-            elif t.dtype == "int32":
-                xs.append(rng.integers(-1000, 1001, size=t.shape).astype(np.int32))
-            elif t.dtype == "bool":
-                xs.append(rng.integers(0, 2, size=t.shape).astype(bool))
-            else:
-                xs.append(rng.standard_normal(t.shape).astype(t.dtype))
-        out.append(tuple(xs))
-    return out
+# int32 inputs (indices, counts) from [-1000, 1000]; other integer inputs over their whole range
+INT32_RANGE = {"int32": (-1000, 1000)}
 
 
 def same(a, b):
@@ -82,7 +67,7 @@ def check(path):
         return {"model": path, "result": "kiln cannot import", "why": str(e).splitlines()[0][:160]}
     if g.states:
         return {"model": path, "result": "skipped (stateful)"}
-    xs = samples(g)
+    xs = random_inputs(g, 2, seed=0, int_ranges=INT32_RANGE)
     try:
         want = tflm.run_tflm(path, xs)
     except tflm.TflmError as e:

@@ -196,9 +196,19 @@ def load_samples(path, graph, limit=None) -> Samples:
     return Samples(ins, targets, "outputs", path)
 
 
-def random_inputs(graph, n, seed=0) -> list[tuple]:
+def random_inputs(graph, n, seed=0, int_ranges=None) -> list[tuple]:
     """n seeded random samples: uniform over the integer range of integer inputs, standard normal
-    for float inputs (one tuple of arrays per sample)."""
+    for float inputs (one tuple of arrays per sample). ``int_ranges``: {dtype: (low, high)},
+    inclusive bounds for the inputs of those integer dtypes instead of their whole range (e.g.
+    ``{"int32": (-1000, 1000)}``: int32 inputs are often indices or counts)."""
+    int_ranges = {np.dtype(dt).name: r for dt, r in (int_ranges or {}).items()}
+    for dt, (lo, hi) in int_ranges.items():
+        if np.dtype(dt).kind not in "iu":
+            raise SampleError(f"random_inputs: int_ranges[{dt!r}]: {dt} is not an integer dtype")
+        info = np.iinfo(dt)
+        if not info.min <= lo <= hi <= info.max:
+            raise SampleError(f"random_inputs: int_ranges[{dt!r}] = ({lo}, {hi}) must satisfy "
+                              f"{info.min} <= low <= high <= {info.max}")
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
@@ -207,7 +217,8 @@ def random_inputs(graph, n, seed=0) -> list[tuple]:
             t = graph.types[name]
             if np.dtype(t.dtype).kind in "iu":
                 info = np.iinfo(t.dtype)
-                xs.append(rng.integers(info.min, info.max + 1, t.shape).astype(t.dtype))
+                lo, hi = int_ranges.get(t.dtype, (info.min, info.max))
+                xs.append(rng.integers(lo, hi + 1, t.shape).astype(t.dtype))
             elif t.dtype == "bool":
                 xs.append(rng.integers(0, 2, t.shape).astype(bool))
             else:
