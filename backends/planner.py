@@ -163,50 +163,105 @@ def overlaps(buffers, offsets, aliases=()):
     return bad
 
 
-def _greedy(order, aliases):
-    """Place the buffers of ``order`` one after the other, each at the lowest candidate offset
-    (0, just above a live placed buffer, or where an in-place hint allows) where it overlaps no
-    live placed buffer other than as an in-place hint allows. The placed buffers live in NumPy
-    arrays, so one placement costs a few vector operations (long unrolled models have thousands
-    of buffers)."""
-    rel = {}
-    for a in aliases:                      # name -> [(other, min shift, b is the output)]
-        rel.setdefault(a.out, []).append((a.inp, a.min_shift, True))
-        rel.setdefault(a.inp, []).append((a.out, a.min_shift, False))
-    n = len(order)
-    pf, pl, po, pe = (np.zeros(n, np.int64) for _ in range(4))   # first, last, offset, end of placed
-    where, m, offsets = {}, 0, {}
-    for b in order:
+def _neighbours(buffers):
+    """For each buffer (by index), the indices of the other nonempty buffers whose lifetimes meet
+    its own, ascending: what a placement must avoid, whatever the order. Computed once per plan
+    (every strategy's placement reads it) by a sweep over the buffers sorted by first use."""
+    first = np.array([b.first for b in buffers], np.int64)
+    last = np.array([b.last for b in buffers], np.int64)
+    nonempty = np.array([b.size > 0 for b in buffers], bool)
+    by_first = np.argsort(first, kind="stable")
+    sorted_first = first[by_first]
+    out = []
+    for k, b in enumerate(buffers):
+        if not nonempty[k]:
+            out.append(np.zeros(0, np.int64))
+            continue
+        cand = by_first[:np.searchsorted(sorted_first, b.last, "right")]   # born by b's end
+        cand = cand[(last[cand] >= b.first) & nonempty[cand] & (cand != k)]
+        out.append(np.sort(cand))
+    return out
+
+
+def _lowest_fit(lo, le, size, align, extra, exempt):
+    """The lowest candidate offset (0, the end of a live placed interval [lo, le) rounded up to
+    ``align``, or one of ``extra``, the in-place hints') where ``size`` bytes overlap no interval
+    other than as ``exempt`` allows: {interval index: [(lowest, highest) ok offset, either None]}.
+    An offset c clashes with an interval iff lo < c + size and le > c: sorted by lo, the intervals
+    with lo < c + size are a prefix (searchsorted) and c clashes with one of them iff the prefix's
+    largest le exceeds c. So a placement costs a sort of the live intervals, not a comparison of
+    every candidate with every interval (hundreds of each in a long unrolled model)."""
+    cand = -(-le // align) * align
+    if exempt:
+        cand = np.concatenate((cand, extra))
+        free = np.ones(len(lo), bool)
+        free[list(exempt)] = False
+        lo, le, lo_x, le_x = lo[free], le[free], lo, le
+    order = np.argsort(lo)
+    lo_s = lo[order]
+    if not len(lo_s) or lo_s[0] >= size:           # 0 clashes with no (free) interval
+        if not exempt:
+            return 0
+        cand = np.concatenate(([0], cand))
+    prefix_end = np.concatenate(([-1], np.maximum.accumulate(le[order])))
+    clash = prefix_end[np.searchsorted(lo_s, cand + size, "left")] > cand
+    for i, oks in exempt.items():
+        hit = (cand < le_x[i]) & (lo_x[i] < cand + size)
+        for low, high in oks:
+            hit &= (cand < low) if low is not None else (cand > high)
+        clash |= hit
+    return int(cand[~clash].min())              # the highest end always fits
+
+
+def _place(buffers, perm, rel, neighbours):
+    """Offsets of ``buffers`` placed in the order ``perm`` (indices into ``buffers``); ``rel``:
+    {index: [(other index, min shift, this is the output)]} from the in-place hints;
+    ``neighbours``: ``_neighbours(buffers)``."""
+    n = len(buffers)
+    rank = np.full(n, n, np.int64)         # placement step of each buffer (n: not yet placed)
+    po, pe = np.zeros(n, np.int64), np.zeros(n, np.int64)        # offset and end of placed buffers
+    offsets = {}
+    for step, k in enumerate(perm):
+        b = buffers[k]
         if b.size == 0:
             offsets[b.name] = 0
             continue
-        live = np.flatnonzero((pf[:m] <= b.last) & (pl[:m] >= b.first))
-        lo, le = po[live], pe[live]
-        cands = [np.zeros(1, np.int64), -(-le // b.align) * b.align]
-        allowed = []                                 # (index in live, lowest ok, highest ok offset for b)
-        for other, shift, b_out in rel.get(b.name, ()):
-            j = where.get(other)
-            if j is None or not (pf[j] <= b.last and pl[j] >= b.first):
+        nb = neighbours[k]
+        live = nb[rank[nb] < step]
+        extra, exempt = [], {}             # hint candidates; index in live -> [(lowest, highest ok offset)]
+        for j, shift, b_out in rel.get(k, ()):
+            o = buffers[j]
+            if rank[j] >= step or not (o.first <= b.last and o.last >= b.first):
                 continue
-            i = int(np.searchsorted(live, j))
+            oj = int(po[j])
             if b_out:     # b may start ``shift`` bytes or more below the input it overwrites
-                cands.append(np.array([max(0, _align_down(int(po[j]) - shift, b.align))]))
-                allowed.append((i, None, int(po[j]) - shift))
-            else:         # the output other may start ``shift`` bytes or more below b
-                cands.append(np.array([-(-(int(po[j]) + shift) // b.align) * b.align]))
-                allowed.append((i, int(po[j]) + shift, None))
-        cand = np.unique(np.concatenate(cands))
-        clash = (cand[:, None] < le[None, :]) & (lo[None, :] < cand[:, None] + b.size)
-        for i, low, high in allowed:
-            ok = (cand >= low) if low is not None else (cand <= high)
-            clash[:, i] &= ~ok
-        off = int(cand[np.flatnonzero(~clash.any(axis=1))[0]])
+                extra.append(max(0, _align_down(oj - shift, b.align)))
+                ok = (None, oj - shift)
+            else:         # the output j may start ``shift`` bytes or more below b
+                extra.append(_align_up(oj + shift, b.align))
+                ok = (oj + shift, None)
+            exempt.setdefault(int(np.searchsorted(live, j)), []).append(ok)
+        off = _lowest_fit(po[live], pe[live], b.size, b.align, extra, exempt)
         offsets[b.name] = off
-        pf[m], pl[m], po[m], pe[m] = b.first, b.last, off, off + b.size
-        where[b.name] = m
-        m += 1
-    peak = max((offsets[b.name] + b.size for b in order), default=0)
-    return offsets, peak
+        rank[k], po[k], pe[k] = step, off, off + b.size
+    return offsets
+
+
+def _relations(buffers, aliases):
+    index = {b.name: k for k, b in enumerate(buffers)}
+    rel = {}
+    for a in aliases:
+        rel.setdefault(index[a.out], []).append((index[a.inp], a.min_shift, True))
+        rel.setdefault(index[a.inp], []).append((index[a.out], a.min_shift, False))
+    return rel
+
+
+def _greedy(order, aliases):
+    """Place the buffers of ``order`` one after the other, each at the lowest candidate offset
+    (0, just above a live placed buffer, or where an in-place hint allows) where it overlaps no
+    live placed buffer other than as an in-place hint allows: (offsets, peak)."""
+    offsets = _place(order, range(len(order)), _relations(order, aliases), _neighbours(order))
+    return offsets, max((offsets[b.name] + b.size for b in order), default=0)
 
 
 ORDERS = {
@@ -255,8 +310,11 @@ def plan(buffers, aliases=(), strategies=None, random_orders=32, seed=0, arena_a
             bs = list(buffers)
             rng.shuffle(bs)
             cands.append((f"random{k}+inplace", bs, aliases))
+    index = {b.name: k for k, b in enumerate(buffers)}
+    neighbours, rel = _neighbours(buffers), _relations(buffers, aliases)    # shared by every strategy
     for name, order, al in cands:
-        offsets, peak = _greedy(order, al)
+        offsets = _place(buffers, [index[b.name] for b in order], rel if al else {}, neighbours)
+        peak = max((offsets[b.name] + b.size for b in buffers), default=0)
         tried[name] = peak
         if best is None or peak < best.peak:
             best = MemoryPlan(buffers, offsets, peak, name, list(al))
