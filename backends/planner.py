@@ -14,7 +14,9 @@ plan wins (ties: the earlier strategy).
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import random
 
 import numpy as np
@@ -183,34 +185,60 @@ def _neighbours(buffers):
     return out
 
 
+SMALL = 24          # fewer live intervals than this: plain Python beats NumPy's per-call cost
+
+
 def _lowest_fit(lo, le, size, align, extra, exempt):
     """The lowest candidate offset (0, the end of a live placed interval [lo, le) rounded up to
     ``align``, or one of ``extra``, the in-place hints') where ``size`` bytes overlap no interval
     other than as ``exempt`` allows: {interval index: [(lowest, highest) ok offset, either None]}.
-    An offset c clashes with an interval iff lo < c + size and le > c: sorted by lo, the intervals
-    with lo < c + size are a prefix (searchsorted) and c clashes with one of them iff the prefix's
-    largest le exceeds c. So a placement costs a sort of the live intervals, not a comparison of
-    every candidate with every interval (hundreds of each in a long unrolled model)."""
+
+    An offset c clashes with an interval iff lo < c + size and le > c. An exempt interval clashes
+    only where no hint allows c (c < lowest, c > highest): the interval [lo, min(le, lowest)) or
+    [max(lo, highest + size), le) clashes exactly there, so it joins the others as that. Sorted
+    by lo, the intervals with lo < c + size are a prefix (a binary search), and c clashes with
+    one of them iff the prefix's largest le exceeds c: one sort of the live intervals, not every
+    candidate against every interval (long unrolled models have hundreds of each)."""
+    if len(lo) < SMALL:
+        return _lowest_fit_small(lo.tolist(), le.tolist(), size, align, extra, exempt)
     cand = -(-le // align) * align
     if exempt:
-        cand = np.concatenate((cand, extra))
-        free = np.ones(len(lo), bool)
-        free[list(exempt)] = False
-        lo, le, lo_x, le_x = lo[free], le[free], lo, le
+        cand = np.concatenate(([0], cand, extra))
+        lo, le = lo.copy(), le.copy()
+        for i, oks in exempt.items():
+            lo[i], le[i] = _exempt_interval(int(lo[i]), int(le[i]), size, oks)
+    elif lo.min() >= size:          # 0 clashes with nothing (with no hint, an interval that starts
+        return 0                    # below size holds the byte at 0 or above it)
     order = np.argsort(lo)
-    lo_s = lo[order]
-    if not len(lo_s) or lo_s[0] >= size:           # 0 clashes with no (free) interval
-        if not exempt:
-            return 0
-        cand = np.concatenate(([0], cand))
     prefix_end = np.concatenate(([-1], np.maximum.accumulate(le[order])))
-    clash = prefix_end[np.searchsorted(lo_s, cand + size, "left")] > cand
-    for i, oks in exempt.items():
-        hit = (cand < le_x[i]) & (lo_x[i] < cand + size)
-        for low, high in oks:
-            hit &= (cand < low) if low is not None else (cand > high)
-        clash |= hit
+    clash = prefix_end[np.searchsorted(lo[order], cand + size, "left")] > cand
     return int(cand[~clash].min())              # the highest end always fits
+
+
+def _exempt_interval(lo, le, size, oks):
+    """The interval that clashes with an offset exactly where an exempt one does (no hint allows it)."""
+    for low, high in oks:
+        if low is not None:
+            le = min(le, low)
+        else:
+            lo = max(lo, high + size)
+    return lo, le
+
+
+def _lowest_fit_small(lo, le, size, align, extra, exempt):
+    """``_lowest_fit`` on Python lists, for a few live intervals."""
+    cands = {0, *extra}
+    cands.update(-(-e // align) * align for e in le)
+    for i, oks in exempt.items():
+        lo[i], le[i] = _exempt_interval(lo[i], le[i], size, oks)
+    ivs = sorted(zip(lo, le))
+    los = [a for a, _ in ivs]
+    ends = list(itertools.accumulate((e for _, e in ivs), max))
+    for c in sorted(cands):
+        k = bisect.bisect_left(los, c + size)
+        if not k or ends[k - 1] <= c:
+            return c
+    raise AssertionError("unreachable: the highest end always fits")
 
 
 def _place(buffers, perm, rel, neighbours):
