@@ -68,3 +68,16 @@ def test_float_and_16x8_stateful_lstm_run_the_recurrence_once(monkeypatch, acts)
     assert len(calls) == per_step * T
     assert stats.nodes_run == len(g.nodes)
     _check_stream(monkeypatch, g, xs)
+
+
+def test_the_cell_twin_may_come_first(monkeypatch):
+    """Whichever of the two the schedule runs first computes both values."""
+    g = lstm_model(2, 4, head=True)
+    seq, twin = (n for n in g.nodes if n.op == "lstm")
+    k, j = g.nodes.index(seq), g.nodes.index(twin)
+    g.nodes[k], g.nodes[j] = twin, seq
+    assert [n.op for n in g.nodes[:2]] == ["lstm", "lstm"] and g.nodes[0].attrs["output"] == "cell"
+    calls = _counting(monkeypatch, recurrent, "_sigmoid")
+    run_stateful(g, {}, stream((2, 4, 3), 1, 5)[0])
+    assert len(calls) == 3 * 4
+    _check_stream(monkeypatch, g, stream((2, 4, 3), 3, 6))
