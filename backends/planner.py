@@ -167,21 +167,23 @@ def overlaps(buffers, offsets, aliases=()):
 
 def _neighbours(buffers):
     """For each buffer (by index), the indices of the other nonempty buffers whose lifetimes meet
-    its own, ascending: what a placement must avoid, whatever the order. Computed once per plan
-    (every strategy's placement reads it) by a sweep over the buffers sorted by first use."""
+    its own, ascending (int32): what a placement must avoid, whatever the order; None for a buffer
+    that meets more than a quarter of them (one that lives to the end: ``_place`` scans them all,
+    which costs the same and keeps this list's memory down). Computed once per plan (every
+    strategy's placement reads it) from the buffers sorted by first use."""
     first = np.array([b.first for b in buffers], np.int64)
     last = np.array([b.last for b in buffers], np.int64)
     nonempty = np.array([b.size > 0 for b in buffers], bool)
-    by_first = np.argsort(first, kind="stable")
+    by_first = np.argsort(first, kind="stable").astype(np.int32)
     sorted_first = first[by_first]
     out = []
     for k, b in enumerate(buffers):
         if not nonempty[k]:
-            out.append(np.zeros(0, np.int64))
+            out.append(np.zeros(0, np.int32))
             continue
         cand = by_first[:np.searchsorted(sorted_first, b.last, "right")]   # born by b's end
         cand = cand[(last[cand] >= b.first) & nonempty[cand] & (cand != k)]
-        out.append(np.sort(cand))
+        out.append(np.sort(cand) if len(cand) <= len(buffers) // 4 else None)
     return out
 
 
@@ -246,6 +248,8 @@ def _place(buffers, perm, rel, neighbours):
     {index: [(other index, min shift, this is the output)]} from the in-place hints;
     ``neighbours``: ``_neighbours(buffers)``."""
     n = len(buffers)
+    first = np.array([b.first for b in buffers], np.int64)
+    last = np.array([b.last for b in buffers], np.int64)
     rank = np.full(n, n, np.int64)         # placement step of each buffer (n: not yet placed)
     po, pe = np.zeros(n, np.int64), np.zeros(n, np.int64)        # offset and end of placed buffers
     offsets = {}
@@ -255,7 +259,10 @@ def _place(buffers, perm, rel, neighbours):
             offsets[b.name] = 0
             continue
         nb = neighbours[k]
-        live = nb[rank[nb] < step]
+        if nb is None:
+            live = np.flatnonzero((rank < step) & (first <= b.last) & (last >= b.first))
+        else:
+            live = nb[rank[nb] < step]
         extra, exempt = [], {}             # hint candidates; index in live -> [(lowest, highest ok offset)]
         for j, shift, b_out in rel.get(k, ()):
             o = buffers[j]
