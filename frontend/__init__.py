@@ -19,7 +19,7 @@ from .executor import RunStats, run, run_updates
 from .graph import Graph, Node
 from .graph_module import GraphModule
 from .limits import LIMITS, limits, set_limits
-from .loader import load_model
+from .loader import SEMANTICS, load_model, semantics_of, with_semantics  # noqa: F401
 from .module import (
                      ELU,
                      GRU,

@@ -151,7 +151,12 @@ def _dense_vjp(n, xs, y, gy):
     return out
 
 
-register("dense", attrs={"activation": ACT}, infer=_dense_infer, ref=_dense_ref, vjp=_dense_vjp,
+# how an int8/int16 dense requantises its accumulator: "double" (LiteRT's reference FULLY_CONNECTED,
+# the default) or "fixed" (TensorFlow Lite Micro's and CMSIS-NN's fixed-point multiplier, as conv2d);
+# see dense_int8 and docs/int8_ir.md. A float dense ignores it.
+FC_REQUANT = Attr("str", "double", ("double", "fixed"))
+
+register("dense", attrs={"activation": ACT, "requant": FC_REQUANT}, infer=_dense_infer, ref=_dense_ref, vjp=_dense_vjp,
          props={LINEAR, QUANTIZABLE}, doc="x @ w.T + b, w is [N_out, K]; optional fused activation", quant=WEIGHTS)
 
 
@@ -613,6 +618,9 @@ def dense_int8(xs, attrs, in_types, out_type):
     wf = w.astype(np.float64) - wz.reshape(N, 1)
     acc = np.rint(np.matmul(xf, wf.T)).astype(np.int64)
     bias = _bias(xs, "dense", N)
+    if attrs["requant"] == "fixed":     # TensorFlow Lite Micro: the conv's fixed-point multiplier
+        mult, shift = requantize_params(s_in, ws, s_out)
+        return _finish(acc, bias, mult, shift, z_out, attrs["activation"], s_out)
     if bias is not None:
         acc = acc + bias
     acc = fp.wrap_int32(acc)
@@ -1226,11 +1234,27 @@ def dense_int16(xs, attrs, in_types, out_type):
     wf = w.astype(np.float64) - wz.reshape(N, 1)
     acc = np.rint(np.matmul(x.astype(np.float64), wf.T)).astype(np.int64)
     bias = _bias16(xs, "dense")
+    if attrs["requant"] == "fixed":
+        return _dense16_fixed(acc, bias, len(in_types) > 2 and in_types[2].dtype == "int32",
+                              requantize_params(s_in, ws, s_out), z_out, attrs["activation"], s_out)
     if bias is not None:
         acc = acc + bias
     # LiteRT's reference FULLY_CONNECTED requantises in double for int16 as for int8 (see above)
     y = fc_requantize(acc, fc_effective_scales(s_in, ws, s_out)) + z_out
     lo, hi = fp.activation_range(attrs["activation"], s_out, z_out, -32768, 32767)
+    return clamp16(y, lo, hi)
+
+
+def _dense16_fixed(acc, bias, bias32, params, out_zp, act, out_scale):
+    """TensorFlow Lite Micro's 16x8 FULLY_CONNECTED: with an int32 bias the accumulator is int32
+    and requantised as int8's (``MultiplyByQuantizedMultiplier(int32_t, ...)``); with an int64 bias
+    (or none) it is int64, requantised with the reduced multiplier as the 16x8 conv."""
+    mult, shift = params
+    if not bias32:
+        return _finish16(acc, bias, mult, shift, out_zp, act, out_scale)
+    acc = fp.wrap_int32(acc + bias)
+    y = fp.multiply_by_quantized_multiplier(acc, mult, shift) + out_zp
+    lo, hi = fp.activation_range(act, out_scale, out_zp, -32768, 32767)
     return clamp16(y, lo, hi)
 
 
