@@ -133,7 +133,7 @@ def lower_dense(k, node, xs):
     K, N, lead = tx.shape[-1], tw.shape[0], tx.shape[:-1]
     acc = cuda_dp4a.dense_acc(k, node, x)
     if acc is not None:
-        return fc_double_epilogue(k, acc, tx, tw, ty, N, node.attrs["activation"])
+        return _fc_epilogue(k, node, acc, tx, tw, ty, N)
     zx = _zp(tx)
     zws = tw.quant.zero_point
     if len(set(zws)) != 1:
@@ -145,6 +145,14 @@ def lower_dense(k, node, xs):
     if len(xs) == 3:
         bias = xs[2]
         acc = te.compute(acc.shape, lambda *i: acc(*i) + bias[i[-1]], name="bias")
+    return _fc_epilogue(k, node, acc, tx, tw, ty, N)
+
+
+def _fc_epilogue(k, node, acc, tx, tw, ty, N):
+    """LiteRT's double requantisation, or the conv's fixed-point one (TensorFlow Lite Micro's)
+    where the node's requant is "fixed"."""
+    if node.attrs.get("requant") == "fixed":
+        return requant_epilogue(k, node, acc, ty, N, lambda idx: idx[-1], node.attrs["activation"])
     return fc_double_epilogue(k, acc, tx, tw, ty, N, node.attrs["activation"])
 
 
@@ -152,6 +160,8 @@ def lower_dense_16x8(k, node, xs):
     """16x8 dense (int16 input and output, int8 weights): the C rule's int32 accumulator (bounded
     at compile time: ``ops_nn.dense16_bias``) with ``fc_double_epilogue`` in place of its C
     helper, LiteRT's double requantisation as for int8."""
+    if node.attrs.get("requant") == "fixed":
+        return lower_node(k, node, xs)      # TensorFlow Lite Micro's: the C rule's integer requantisation
     tx, tw, ty = _check_16x8(k, node)
     x, w = xs[0], xs[1]
     K, N, lead = tx.shape[-1], tw.shape[0], tx.shape[:-1]

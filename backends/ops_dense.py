@@ -1,5 +1,6 @@
 """C override of int8 ``dense`` (FULLY_CONNECTED), bit-exact with LiteRT's reference kernel
-(requantisation in double: docs/int8_ir.md). With Kiln kernels and constant weights a layer is one
+(requantisation in double: docs/int8_ir.md), or with TensorFlow Lite Micro's where the node's
+``requant`` attribute is "fixed" (the conv's fixed-point multiplier: ``fixed_requant``). With Kiln kernels and constant weights a layer is one
 call of ``kiln_fc_mv_s8`` (include/kiln_dense.h): weights packed at compile time for its 4-column
 SMLAD loop, the input zero point folded into the bias, the requantisation fused. Weights that
 several layers share (the time steps of an unrolled RNN, each with its own input zero point and
@@ -17,12 +18,18 @@ import numpy as np
 from tvm import te, tirx
 
 from kiln.frontend.ops.int8util import channel_params, per_tensor
-from kiln.frontend.ops.nn import fc_effective_scales, fc_requant_constants
+from kiln.frontend.ops.nn import fc_effective_scales, fc_requant_constants, requantize_params
 
 from . import qmath, schedules
 from .lower import lower_rule
-from .ops_nn import _check_int8, _zp, lower_dense_16x8, quantized
+from .ops_nn import _check_int8, _zp, lower_dense_16x8, quantized, requant_epilogue
 from .qmath import c
+
+
+def fixed_requant(node):
+    """Whether ``node`` (a dense) requantises as TensorFlow Lite Micro does: the fixed-point
+    multiplier of conv2d (``MultiplyByQuantizedMultiplier``), not LiteRT's double product."""
+    return node.attrs.get("requant", "double") == "fixed"
 
 
 def fc_requant_epilogue(k, acc, tx, tw, ty, channels, act):
@@ -82,7 +89,20 @@ def lower_dense(k, node, xs):
             (x[i[:-1] + (kk,)].astype("int32") - c(zx)) * (w[i[-1], kk].astype("int32") - c(zw)), axis=[kk]),
             name="acc")
     acc2 = te.compute(acc.shape, lambda *i: acc(*i) + bias[i[-1]], name="bias") if bias is not None else acc
+    if fixed_requant(node):           # TensorFlow Lite Micro's: the conv's requantisation
+        return requant_epilogue(k, node, acc2, ty, N, lambda idx: idx[-1], node.attrs["activation"],
+                                bound=_bound(k, node, zx))
     return fc_requant_epilogue(k, acc2, tx, tw, ty, N, node.attrs["activation"])
+
+
+def _bound(k, node, zx):
+    """The largest |acc| of a dense with constant weights and bias (``acc_bound``), else None."""
+    w = k.value(node.inputs[1])
+    b = k.value(node.inputs[2]) if len(node.inputs) >= 3 else 0
+    if w is None or b is None:
+        return None
+    zw = np.asarray(k.type(node.inputs[1]).quant.zero_point, np.int64).reshape(-1)[:1]
+    return acc_bound(np.asarray(w, np.int64) - zw, np.broadcast_to(np.asarray(b, np.int64), (w.shape[0],)), zx)
 
 
 # ---- the kiln_fc_mv_s8 kernel (include/kiln_dense.h) -----------------------------------------
@@ -127,27 +147,49 @@ def acc_bound(w, bias, zx):
     return int((np.abs(np.asarray(w, np.int64)).sum(axis=1) * xmax + np.abs(np.asarray(bias, np.int64))).max(initial=0))
 
 
-def prepare_dense(w, bias, zx, s_in, w_scales, s_out, zy, act, bias_apart=False):
+def prepare_dense(w, bias, zx, s_in, w_scales, s_out, zy, act, bias_apart=False, fixed=False):
     """Everything ``kiln_fc_mv_s8`` takes besides the input and output, computed at compile time:
     {"stream": packed weights and folded biases, "m", "rq": fast and exact requantisation
     constants (one channel when all are equal), "mstep", "c1", "c2", "lo", "hi"}. With
     ``bias_apart`` the stream's biases are zero and "bias" holds the folded biases (int32 [N],
-    ``kiln_fc_mv_s8_b``): the stream depends on the weights alone."""
+    ``kiln_fc_mv_s8_b``): the stream depends on the weights alone. ``fixed`` (TensorFlow Lite
+    Micro's requantisation, ``kiln_fc_mv_s8_fx``): "rq" holds {multiplier, left shift, minus the
+    right shift} per channel (or one), "m" one unused word, c1 = c2 = 0."""
     w = np.asarray(w, np.int8)
     N = w.shape[0]
-    mh, ml, sh = fc_requant_constants(fc_effective_scales(s_in, w_scales, s_out))
     lo, hi = qmath.activation_range(act, s_out, zy)
-    one = len(set(zip(mh.tolist(), ml.tolist(), sh.tolist()))) == 1
-    if one:
-        mh, ml, sh = mh[:1], ml[:1], sh[:1]
-    m, c1, c2 = requant_guard(acc_bound(w, bias, zx), mh, ml, sh)
-    rq = np.stack([mh, ml, sh], axis=1).astype(np.uint32).view(np.int32).reshape(-1)
+    if fixed:
+        rq, m, c1, c2 = fixed_constants(s_in, w_scales, s_out), np.zeros(1, np.int32), 0, 0
+        one = rq.size == 3
+    else:
+        m, rq, c1, c2, one = _double_constants(w, bias, zx, s_in, w_scales, s_out)
     folded = fold_bias(w, np.asarray(bias, np.int64).reshape(N), zx)
     p = {"stream": pack_dense(w, np.zeros(N, np.int32) if bias_apart else folded), "m": m, "rq": rq,
          "mstep": 0 if one else 1, "c1": c1, "c2": c2, "lo": lo, "hi": hi}
     if bias_apart:
         p["bias"] = folded
     return p
+
+
+def _double_constants(w, bias, zx, s_in, w_scales, s_out):
+    """(m, rq, c1, c2, one) of LiteRT's requantisation for ``kiln_fc_mv_s8`` (prepare_dense)."""
+    mh, ml, sh = fc_requant_constants(fc_effective_scales(s_in, w_scales, s_out))
+    one = len(set(zip(mh.tolist(), ml.tolist(), sh.tolist()))) == 1
+    if one:
+        mh, ml, sh = mh[:1], ml[:1], sh[:1]
+    m, c1, c2 = requant_guard(acc_bound(w, bias, zx), mh, ml, sh)
+    rq = np.stack([mh, ml, sh], axis=1).astype(np.uint32).view(np.int32).reshape(-1)
+    return m, rq, c1, c2, one
+
+
+def fixed_constants(s_in, w_scales, s_out):
+    """int32 {multiplier, left shift, minus the right shift} per channel, one triple when all
+    channels are equal: the conv's ``requantize_params`` as ``kiln_mbqm`` takes them."""
+    mult, shift = (np.asarray(a, np.int64) for a in requantize_params(s_in, np.ravel(w_scales), s_out))
+    rq = np.stack([mult, np.maximum(shift, 0), np.minimum(shift, 0)], axis=1)
+    if len({tuple(r) for r in rq.tolist()}) == 1:
+        rq = rq[:1]
+    return rq.astype(np.int32).reshape(-1)
 
 
 def kernel_operands(k, node, x):
@@ -176,12 +218,13 @@ def _dense_kernel(k, node, x, ty):
     if ops is None:
         return None
     args, rows, K, N, zy = ops
-    apart = weights_shared(k, args[0])
-    p = prepare_dense(*args, bias_apart=apart)
+    apart, fx = weights_shared(k, args[0]), fixed_requant(node)
+    p = prepare_dense(*args, bias_apart=apart, fixed=fx)
     consts = (k.const("w_dense", p["stream"]),) + ((k.const("bias_dense", p["bias"]),) if apart else ()) + (
-        k.const("rq_m", p["m"]), k.const("rq_exact", p["rq"]))
+        k.const("rq_m", p["m"]), k.const("rq_fixed" if fx else "rq_exact", p["rq"]))
     k.schedule(lambda sch, out_block: None)
-    return dense_extern("kiln_fc_mv_s8_b" if apart else "kiln_fc_mv_s8", x, consts, rows, K, N, p, zy, ty.shape)
+    fn = "kiln_fc_mv_s8" + ("_b" if apart else "") + ("_fx" if fx else "")
+    return dense_extern(fn, x, consts, rows, K, N, p, zy, ty.shape)
 
 
 _WEIGHTS = weakref.WeakKeyDictionary()      # graph -> (its constants, Counter of dense weights' digests)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kiln.frontend.ops.nn import requantize_params
 from kiln.frontend.registry import OPS
 
 from . import ops_dense, ops_elementwise, ops_mve, qmath  # noqa: F401  (ops_dense: the rule wrapped)
@@ -33,17 +34,22 @@ def helium_first(op_name):
     return deco
 
 
-def prepare_fc(w, bias, zx, s_in, w_scales, s_out, zy, act):
+def prepare_fc(w, bias, zx, s_in, w_scales, s_out, zy, act, fixed=False):
     """Everything ``kiln_mve_fc_s8`` takes besides the input and output, at compile time: the packed
     weights (``pack_gemm``), the folded bias padded to a multiple of 4, the fast multipliers ``m``
     (padded likewise, or one), the exact constants ``rq`` and ``mstep``, ``c1``, ``c2``, ``lo``,
     ``hi``: LiteRT's reference FULLY_CONNECTED requantisation (``ops_dense.prepare_dense``'s
-    constants, whose guard and fast path kiln_mve.h vectorises)."""
+    constants, whose guard and fast path kiln_mve.h vectorises). ``fixed``: TensorFlow Lite
+    Micro's requantisation (``kiln_mve_fc_s8_fx``): "rq" is the conv's table
+    (``ops_mve.requant_table``) of the folded bias and the fixed-point multipliers."""
     w = np.asarray(w, np.int8)
     N = w.shape[0]
     Np = -(-N // 4) * 4
-    p = ops_dense.prepare_dense(w, bias, zx, s_in, w_scales, s_out, zy, act)
+    p = ops_dense.prepare_dense(w, bias, zx, s_in, w_scales, s_out, zy, act, fixed=fixed)
     folded = ops_dense.fold_bias(w, np.asarray(bias, np.int64).reshape(N), zx)
+    if fixed:
+        mult, shift = requantize_params(s_in, np.broadcast_to(np.ravel(w_scales), (N,)), s_out)
+        p["rq"] = ops_mve.requant_table(folded, mult, shift)
     m = p["m"] if p["mstep"] == 0 else np.concatenate([p["m"], np.zeros(Np - N, np.int32)])
     return {"w": pack_gemm(w), "bias": np.concatenate([folded, np.zeros(Np - N, np.int32)]), "m": m,
             "rq": p["rq"], "mstep": p["mstep"], "c1": p["c1"], "c2": p["c2"], "lo": p["lo"], "hi": p["hi"]}
@@ -61,11 +67,13 @@ def lower_dense_mve(k, node, x):
     if ops is None:
         return None
     args, rows, K, N, zy = ops
-    p = prepare_fc(*args)
+    fx = ops_dense.fixed_requant(node)
+    p = prepare_fc(*args, fixed=fx)
     consts = [k.const("w_fc_mve", p["w"]), k.const("b_fc_mve", p["bias"]), k.const("m_fc_mve", p["m"]),
-              k.const("rq_fc_mve", p["rq"])]
+              k.const("rq_fc_mve_fx" if fx else "rq_fc_mve", p["rq"])]
     k.schedule(lambda sch, out_block: None)
-    return ops_dense.dense_extern("kiln_mve_fc_s8", x, consts, rows, K, N, p, zy, ty.shape)
+    return ops_dense.dense_extern("kiln_mve_fc_s8_fx" if fx else "kiln_mve_fc_s8", x, consts, rows, K, N, p, zy,
+                                  ty.shape)
 
 
 @helium_first("dense")

@@ -477,6 +477,8 @@ def lower_dense_16x8(k, node, xs):
     s_in, _ = per_tensor(tx, "input", "dense")
     s_out, zy = per_tensor(ty, "output", "dense")
     ws, _, _ = channel_params(tw, N, "dense")
+    if node.attrs.get("requant") == "fixed":
+        return _dense16_fixed(k, node, acc, wide, ty)
     eff = fc_effective_scales(s_in, ws, s_out)
     lo, hi = qmath.activation_range(node.attrs["activation"], s_out, zy, -32768, 32767)
     mh, ml, sh = fc_requant_constants(eff)
@@ -490,6 +492,30 @@ def lower_dense_16x8(k, node, xs):
         ch = 0 if one else idx[-1]
         return tirx.call_extern("int32", "kiln_fc_s8", acc(*idx), tmh[ch].astype("uint32"), tml[ch], tsh[ch],
                                 c(zy), c(lo), c(hi)).astype("int16")
+    return te.compute(acc.shape, body, name="requant16")
+
+
+def _dense16_fixed(k, node, acc, wide, ty):
+    """TensorFlow Lite Micro's 16x8 FULLY_CONNECTED requantisation (the node's requant "fixed";
+    frontend/ops/nn.py: _dense16_fixed): with an int32 bias an int32 accumulator (wrapping) and
+    the int32 MultiplyByQuantizedMultiplier (``qmath.mbqm``, as the int8 conv), otherwise the int64
+    one with the reduced multiplier (``requant16_epilogue``, as the 16x8 conv)."""
+    N = ty.shape[-1]
+    mult, shift = qmath.linear_requant(k.type(node.inputs[0]), k.type(node.inputs[1]), ty, N)
+    if len(node.inputs) < 3 or k.type(node.inputs[2]).dtype != "int32":
+        acc64 = te.compute(acc.shape, lambda *i: acc(*i).astype(I64), name="acc64") if not wide else acc
+        return requant16_epilogue(k, acc64, mult, shift, ty, lambda idx: idx[-1], node.attrs["activation"])
+    acc32 = te.compute(acc.shape, lambda *i: acc(*i).astype("int32"), name="acc32") if wide else acc
+    zy = _zp(ty)
+    lo, hi = qmath.activation_range(node.attrs["activation"], _scale(ty), zy, -32768, 32767)
+    tm = k.const("mult", mult)
+    rs = k.const("rshift", np.maximum(-shift, 0).astype(np.int32))
+    ls = k.const("lshift", np.maximum(shift, 0).astype(np.int32)) if (shift > 0).any() else None
+
+    def body(*idx):
+        ch = idx[-1]
+        v = qmath.mbqm(acc32(*idx), tm[ch], (None if ls is None else ls[ch], rs[ch]))
+        return qmath.clamp(v + c(zy), lo, hi).astype("int16")
     return te.compute(acc.shape, body, name="requant16")
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from kiln.frontend.errors import KilnError
 from kiln.frontend.graph import Graph
-from kiln.frontend.loader import load_model
+from kiln.frontend.loader import load_model, semantics_of
 
 from . import emit, families, families_tir, ops, passes, planner  # noqa: F401  (ops: fills the registry's C lowerings)
 from .cpus import TargetSpec
@@ -196,7 +196,8 @@ def emit_package(st: CompileState):
                           offs=c["offs"]) for c in commands],
         macs=int(sum(c["macs"] for c in commands)),
         states=states, state_bytes=sum(t.bytes for t in states),
-        files=["model.h", "model.c", "kernels.c", "kiln_cmd.h", "kiln_intrinsics.h"])
+        files=["model.h", "model.c", "kernels.c", "kiln_cmd.h", "kiln_intrinsics.h"],
+        extra={"semantics": semantics_of(st.graph)})     # whose integer arithmetic (frontend/loader.py)
 
 
 def _command_buffer(st: CompileState):

@@ -14,7 +14,7 @@ def board_runner(board_name):
     def runner(model, inputs, options):
         out = options.get("out") or tempfile.mkdtemp(prefix=f"kiln_{board_name}_")
         image, pkg_dir = hil.build_for_board(model, board_name, out, port=options.get("port"),
-                                             lab_map=options.get("lab_map"))
+                                             lab_map=options.get("lab_map"), semantics=options.get("semantics"))
         lease = options.get("lease")        # a labgrid place (kiln.boards.farm.Lease): it flashes
         if lease is not None:
             options["flashed_by"] = lease.flash(image)

@@ -27,12 +27,14 @@ from kiln.frontend.executor import run_stateful
 from kiln.frontend.files import staged_dir
 
 
-def compile_model(model, target, out_dir, ram_budget=None, plot=True, optimize="size", ram_reserved=None):
+def compile_model(model, target, out_dir, ram_budget=None, plot=True, optimize="size", ram_reserved=None,
+                  semantics=None):
     """Compile a Graph or model file to a C package; the source graph is saved beside it
     (graph.json) so later stages can compute reference outputs from the package alone, and a
     .tflite source is kept as source.tflite (for checks against LiteRT's reference kernels). The
-    package and these files appear together or not at all (a staged folder moved into place)."""
-    graph = load_model(model)
+    package and these files appear together or not at all (a staged folder moved into place).
+    ``semantics``: frontend.load_model's (litert | tflm; None: what the model records)."""
+    graph = load_model(model, semantics=semantics)
     with staged_dir(out_dir, "package folder", last=FILE) as tmp:
         pkg = get_backend("c").compile(graph, {"target": target, "out_dir": tmp, "ram_budget": ram_budget,
                                                "plot": plot, "optimize": optimize, "ram_reserved": ram_reserved})
@@ -64,7 +66,7 @@ def emulate_by_default(board, port=None, lab_map=None):
 
 
 def build_for_board(model, board, out_dir, *, emulate=None, ram_budget=None, stack_size=8192, optimize="size",
-                    port=None, lab_map=None):
+                    port=None, lab_map=None, semantics=None):
     """Compile (unless ``model`` is already a package folder) and build firmware for ``board``.
     Returns (image, package_dir). A real board is built with its real memory sizes; ``emulate``
     builds its QEMU stand-in instead (the machine with the same core; default:
@@ -79,7 +81,7 @@ def build_for_board(model, board, out_dir, *, emulate=None, ram_budget=None, sta
                             f"recompile with --target {b.core}")
     else:
         pkg_dir = os.path.join(out_dir, "package")
-        graph = load_model(model)
+        graph = load_model(model, semantics=semantics)
         io = {"input buffer": sum(graph.types[v].nbytes for v in graph.inputs),
               "output buffer": sum(graph.types[v].nbytes for v in graph.outputs), "stack": stack_size}
         compile_model(graph, b.core, pkg_dir, ram_budget=ram_budget or b.ram_region.size, optimize=optimize,

@@ -57,8 +57,9 @@ def _shaped(graph, samples):
 
 
 def run_reference(model, samples, options=None):
-    """Kiln's reference executor on every sample: one tuple of outputs per sample."""
-    g = load_model(model)
+    """Kiln's reference executor on every sample: one tuple of outputs per sample.
+    ``options["semantics"]`` (here and in every runner): frontend.load_model's, for a model file."""
+    g = load_model(model, semantics=(options or {}).get("semantics"))
     pkg = get_backend("reference").compile(g)
     return [tuple(pkg.run(*xs)) for xs in _shaped(g, samples)]
 
@@ -70,12 +71,13 @@ def _host_package(model, options):
     p = os.fspath(model)
     if is_package(p):
         return c.load(p)
-    out = options.get("out_dir")
+    out, sem = options.get("out_dir"), options.get("semantics")
     if out is None:
         st = os.stat(p)
-        key = hashlib.sha1(f"{os.path.abspath(p)}:{st.st_mtime_ns}:{st.st_size}".encode()).hexdigest()[:16]
+        key = hashlib.sha1(f"{os.path.abspath(p)}:{st.st_mtime_ns}:{st.st_size}{':' + sem if sem else ''}"
+                           .encode()).hexdigest()[:16]
         out = os.path.join(tempfile.gettempdir(), f"kiln_host_pkg_{os.getuid()}", key)
-    return c.compile(p, {"target": options.get("c_target", "host"), "out_dir": out, "plot": False,
+    return c.compile(load_model(p, semantics=sem) if sem else p, {"target": options.get("c_target", "host"), "out_dir": out, "plot": False,
                          "measure_size": False})
 
 
@@ -87,7 +89,7 @@ def run_host(model, samples, options):
 
 
 def run_host_llvm(model, samples, options):
-    g = load_model(model)
+    g = load_model(model, semantics=options.get("semantics"))
     pkg = get_backend("host-llvm").compile(g)
     return [tuple(pkg.run(*xs)) for xs in _shaped(g, samples)]
 
@@ -98,7 +100,7 @@ def _cuda_package(model, options, interpret):
     if is_package(p):
         pkg = cuda.load(p, interpret=interpret, capture=options.get("capture", False))
     else:
-        pkg = cuda.compile(load_model(p), {"out_dir": options.get("package"), "arch": options.get("arch", "sm_90"),
+        pkg = cuda.compile(load_model(p, semantics=options.get("semantics")), {"out_dir": options.get("package"), "arch": options.get("arch", "sm_90"),
                                            "dtype": options.get("dtype", "float32"), "interpret": interpret,
                                            "capture": options.get("capture", False)})
     options["package_dtype"] = pkg.manifest.dtype     # for the comparison, after the folder is gone

@@ -11,6 +11,8 @@ function of the imported graph (:func:`tflm_only`):
   multiplier by its magnitude and negates the result; LiteRT multiplies by the negative multiplier
   (ties round the other way);
 - SVDF with an int8 state, which LiteRT's kernel reads as int16 (it corrupts memory);
+- a graph loaded with ``semantics="tflm"`` (``--semantics tflm``): its FULLY_CONNECTED layers
+  requantise with TFLite Micro's fixed-point multiplier, LiteRT's reference kernel in double;
 - the int8 and int16 SUM: TFLite Micro requantises the integer sum with a fixed-point multiplier and
   clamps (reference_ops::QuantizedMeanOrSum); LiteRT's BUILTIN_REF kernel gives other values for
   negative sums (and unrelated ones for int16), and its optimised kernel rounds in float.
@@ -22,13 +24,14 @@ bit-exact against it.
 """
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
 import tflite
 
 from kiln.frontend.errors import KilnError
-from kiln.frontend.loader import load_model
+from kiln.frontend.loader import SEMANTICS, SEMANTICS_HELP, load_model, semantics_of
 from kiln.litert import int8_state_svdfs
 
 
@@ -46,10 +49,37 @@ def tflm_only(graph) -> str | None:
             what = {"lstm": "LSTM", "sum": "SUM", "leaky_relu": "LEAKY_RELU with a negative alpha"}[n.op]
             return (f"{n.name!r} is an {dtype} {what}: LiteRT's integer {what} differs from TensorFlow Lite Micro's, "
                     f"which Kiln follows")
+    if semantics_of(graph) == "tflm":
+        fc = next((n for n in graph.nodes if n.op == "dense" and n.attrs.get("requant") == "fixed"
+                   and graph.types[n.inputs[0]].dtype in ("int8", "int16")), None)
+        if fc is not None:
+            return (f"the model follows TensorFlow Lite Micro's semantics (--semantics tflm): FULLY_CONNECTED "
+                    f"{fc.name!r} requantises with its fixed-point multiplier, LiteRT's reference kernel in double")
     svdfs = int8_state_svdfs(graph)
     if svdfs:
         return f"SVDF {svdfs[0]!r} keeps an int8 state, which only TensorFlow Lite Micro runs (LiteRT reads it as int16)"
     return None
+
+
+def add_semantics_argument(p):
+    """The ``--semantics litert|tflm`` option of the commands that import a model and compute or
+    compare its results (frontend/loader.py: SEMANTICS)."""
+    p.add_argument("--semantics", default=None, choices=sorted(SEMANTICS),
+                   help=SEMANTICS_HELP + ". With tflm, TensorFlow Lite Micro's interpreter is the oracle. Default: "
+                        "litert for a .tflite; what a Kiln graph or compiled package records")
+
+
+def check_package_semantics(model, semantics):
+    """A usage error when ``model`` is a compiled package that follows other semantics than the
+    ``--semantics`` given (a package's arithmetic is fixed when it is compiled)."""
+    p = os.fspath(model)
+    if semantics is None or not os.path.exists(os.path.join(p, "manifest.json")):
+        return
+    with open(os.path.join(p, "manifest.json")) as f:
+        has = json.load(f).get("semantics", "litert")
+    if has != semantics:
+        raise KilnError(f"{p} was compiled with --semantics {has}; --semantics {semantics} needs the model "
+                        f"compiled again (kiln compile MODEL --semantics {semantics}), or leave the option out")
 
 
 def available() -> bool:

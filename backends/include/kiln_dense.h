@@ -21,6 +21,11 @@
  * bound on |acc| plus 2^10, ops_dense.dense_requant_guard), floor(p / 2^32 + 1/2) is the
  * answer: SMULL, ADD, SUB, CMP and a branch. Otherwise (probability about 2G / 2^32) kiln_fc_rq
  * decides. c1 = 2^31 + G, c2 = 2^32 - 2G (c2 = 0: always kiln_fc_rq).
+ *
+ * kiln_fc_mv_s8_fx / kiln_fc_mv_s8_b_fx requantise as TensorFlow Lite Micro's FULLY_CONNECTED
+ * (the dense node's requant "fixed"): MultiplyByQuantizedMultiplier, the conv's kiln_mbqm, with
+ * rq = {multiplier, left shift, minus the right shift} per channel (ops_dense.fixed_constants);
+ * m, c1 and c2 are unused.
  */
 #ifndef KILN_DENSE_H
 #define KILN_DENSE_H
@@ -128,6 +133,20 @@ static inline int32_t kiln_dense_rq(int32_t acc, int32_t m, const int32_t *rq, u
     return kiln_dense_rq_exact(acc, rq);
 }
 
+/* TensorFlow Lite Micro's requantisation (kiln_mbqm), limited to [-2^16, 2^16] as above */
+static inline int32_t kiln_dense_rq_fx(int32_t acc, const int32_t *rq)
+{
+    const int32_t q = kiln_mbqm(acc, rq[0], rq[1], rq[2]);
+    return q > 65536 ? 65536 : (q < -65536 ? -65536 : q);
+}
+
+/* one channel's requantisation: kiln_dense_rq, or kiln_dense_rq_fx when fx (a constant) */
+static inline __attribute__((always_inline)) int32_t kiln_dense_q(int32_t acc, int32_t m, const int32_t *rq,
+                                                                  uint32_t c1, uint32_t c2, const int fx)
+{
+    return fx ? kiln_dense_rq_fx(acc, rq) : kiln_dense_rq(acc, m, rq, c1, c2);
+}
+
 /* q + zy clamped to [lo, hi] (-128 <= lo <= hi <= 127; |q| <= 2^30) */
 static inline int32_t kiln_dense_out(int32_t q, int32_t zy, int32_t lo, int32_t hi)
 {
@@ -167,12 +186,14 @@ static inline void kiln_dense_out4(int32_t q0, int32_t q1, int32_t q2, int32_t q
  * packed stream above (biases with the zero point folded), m int32 [N] or [1] (mstep 1 or 0) the
  * fast-path multipliers, rq int32 [N][3] or [1][3] the exact constants; b: NULL, or the int32 [N]
  * biases (zero point folded) added to the stream's (then zero): the time steps of an unrolled
- * RNN share one weight stream, each step with its own zero point passes its own biases */
+ * RNN share one weight stream, each step with its own zero point passes its own biases; fx: the
+ * fixed-point requantisation (m unused, rq as kiln_dense_rq_fx takes it) */
 static inline __attribute__((always_inline)) void kiln_fc_mv_body(const int8_t *x, int32_t rows, int32_t K,
                                                                   int32_t N, const int8_t *w, const int32_t *b,
                                                                   const int32_t *m, const int32_t *rq,
                                                                   int32_t mstep, uint32_t c1, uint32_t c2,
-                                                                  int32_t zy, int32_t lo, int32_t hi, int8_t *y)
+                                                                  int32_t zy, int32_t lo, int32_t hi, int8_t *y,
+                                                                  const int fx)
 {
     const int32_t g = K >> 2, tail = K & 3, gp = (K + 3) >> 2, N4 = N & ~3;
     const uint32_t lo4 = 0x01010101u * ((uint32_t)lo & 0xFFu), hi4 = 0x01010101u * ((uint32_t)hi & 0xFFu);
@@ -195,11 +216,11 @@ static inline __attribute__((always_inline)) void kiln_fc_mv_body(const int8_t *
                     acc[j] = (int32_t)((uint32_t)acc[j] + (uint32_t)b[n + j]);
                 }
             }
-            const int32_t *mc = m + mstep * n, *rc = rq + 3 * mstep * n;
-            const int32_t q0 = kiln_dense_rq(acc[0], mc[0], rc, c1, c2);
-            const int32_t q1 = kiln_dense_rq(acc[1], mc[mstep], rc + 3 * mstep, c1, c2);
-            const int32_t q2 = kiln_dense_rq(acc[2], mc[2 * mstep], rc + 6 * mstep, c1, c2);
-            const int32_t q3 = kiln_dense_rq(acc[3], mc[3 * mstep], rc + 9 * mstep, c1, c2);
+            const int32_t ms = fx ? 0 : mstep, *mc = m + ms * n, *rc = rq + 3 * mstep * n;
+            const int32_t q0 = kiln_dense_q(acc[0], mc[0], rc, c1, c2, fx);
+            const int32_t q1 = kiln_dense_q(acc[1], mc[ms], rc + 3 * mstep, c1, c2, fx);
+            const int32_t q2 = kiln_dense_q(acc[2], mc[2 * ms], rc + 6 * mstep, c1, c2, fx);
+            const int32_t q3 = kiln_dense_q(acc[3], mc[3 * ms], rc + 9 * mstep, c1, c2, fx);
             kiln_dense_out4(q0, q1, q2, q3, zy, lo, hi, lo4, hi4, y + n);
         }
         for (int32_t n = N4; n < N; ++n, wb += 4 + 4 * gp) {
@@ -212,7 +233,7 @@ static inline __attribute__((always_inline)) void kiln_fc_mv_body(const int8_t *
                 acc = (int32_t)((uint32_t)acc + (uint32_t)b[n]);
             }
             const int32_t c = mstep * n;
-            y[n] = (int8_t)kiln_dense_out(kiln_dense_rq(acc, m[c], rq + 3 * c, c1, c2), zy, lo, hi);
+            y[n] = (int8_t)kiln_dense_out(kiln_dense_q(acc, m[fx ? 0 : c], rq + 3 * c, c1, c2, fx), zy, lo, hi);
         }
     }
 }
@@ -223,7 +244,7 @@ static __attribute__((noinline, unused)) void kiln_fc_mv_s8(const int8_t *x, int
                                                             int32_t mstep, uint32_t c1, uint32_t c2, int32_t zy,
                                                             int32_t lo, int32_t hi, int8_t *y)
 {
-    kiln_fc_mv_body(x, rows, K, N, w, 0, m, rq, mstep, c1, c2, zy, lo, hi, y);
+    kiln_fc_mv_body(x, rows, K, N, w, 0, m, rq, mstep, c1, c2, zy, lo, hi, y, 0);
 }
 
 /* the layer with its own biases b [N] beside a stream whose biases are zero (shared weights) */
@@ -233,7 +254,25 @@ static __attribute__((noinline, unused)) void kiln_fc_mv_s8_b(const int8_t *x, i
                                                               uint32_t c2, int32_t zy, int32_t lo, int32_t hi,
                                                               int8_t *y)
 {
-    kiln_fc_mv_body(x, rows, K, N, w, b, m, rq, mstep, c1, c2, zy, lo, hi, y);
+    kiln_fc_mv_body(x, rows, K, N, w, b, m, rq, mstep, c1, c2, zy, lo, hi, y, 0);
+}
+
+/* the two above with TensorFlow Lite Micro's requantisation (rq: ops_dense.fixed_constants) */
+static __attribute__((noinline, unused)) void kiln_fc_mv_s8_fx(const int8_t *x, int32_t rows, int32_t K, int32_t N,
+                                                               const int8_t *w, const int32_t *m, const int32_t *rq,
+                                                               int32_t mstep, uint32_t c1, uint32_t c2, int32_t zy,
+                                                               int32_t lo, int32_t hi, int8_t *y)
+{
+    kiln_fc_mv_body(x, rows, K, N, w, 0, m, rq, mstep, c1, c2, zy, lo, hi, y, 1);
+}
+
+static __attribute__((noinline, unused)) void kiln_fc_mv_s8_b_fx(const int8_t *x, int32_t rows, int32_t K, int32_t N,
+                                                                 const int8_t *w, const int32_t *b, const int32_t *m,
+                                                                 const int32_t *rq, int32_t mstep, uint32_t c1,
+                                                                 uint32_t c2, int32_t zy, int32_t lo, int32_t hi,
+                                                                 int8_t *y)
+{
+    kiln_fc_mv_body(x, rows, K, N, w, b, m, rq, mstep, c1, c2, zy, lo, hi, y, 1);
 }
 
 #endif /* KILN_DENSE_H */

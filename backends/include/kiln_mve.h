@@ -810,6 +810,46 @@ static __attribute__((noinline, unused)) void kiln_mve_fc_s8(const int8_t *x, in
     }
 }
 
+/* kiln_mve_fc_s8 with TensorFlow Lite Micro's requantisation (the dense node's requant "fixed"):
+ * MultiplyByQuantizedMultiplier as the conv kernels do (kiln_mve_rq4), rq: the conv's table
+ * (ops_mve.requant_table: per block of 4 rows {bias x4, multiplier x4, left shift x4, minus the
+ * right shift x4}; its bias words are those of ``bias``); m, mstep, c1 and c2 are unused. */
+static __attribute__((noinline, unused)) void kiln_mve_fc_s8_fx(const int8_t *x, int32_t rows, int32_t K, int32_t N,
+                                                                const int8_t *w, const int32_t *bias,
+                                                                const int32_t *m, const int32_t *rq, int32_t mstep,
+                                                                uint32_t c1, uint32_t c2, int32_t zy, int32_t lo,
+                                                                int32_t hi, int8_t *y)
+{
+    (void)m, (void)mstep, (void)c1, (void)c2;
+    const int32_t kc = (K + 15) >> 4;
+    for (int32_t r = 0; r < rows; r++, x += K, y += N) {
+        const int8_t *wb = w;
+        for (int32_t n = 0; n < N; n += 4) {
+            const int32_t nv = N - n < 4 ? N - n : 4;
+            const int32_t *qb = rq + 4 * n;
+#if KILN_HAVE_MVE
+            const int32x4_t a = vaddq_s32(kiln_mve_dot4(x, &wb, K, kc), vld1q_s32(bias + n));
+            const int32x4_t v = kiln_mve_rq4(a, qb, zy, lo, hi);
+            if (nv == 4) {
+                vstrbq_s32(y + n, v);
+            } else {
+                vstrbq_p_s32(y + n, v, vctp32q((uint32_t)nv));
+            }
+#else
+            for (int32_t j = 0; j < nv; j++) {
+                int32_t acc = bias[n + j];
+                for (int32_t k = 0; k < K; k++) {
+                    acc += (int32_t)x[k] * wb[(k >> 4) * 64 + j * 16 + (k & 15)];
+                }
+                const int32_t v = kiln_mbqm(acc, qb[4 + j], qb[8 + j], qb[12 + j]) + zy;
+                y[n + j] = (int8_t)(v < lo ? lo : (v > hi ? hi : v));
+            }
+            wb += kc * 64;
+#endif
+        }
+    }
+}
+
 /* ---- int8 ADD and MUL (TFLite's reference kernels, same-shape operands) ------------------------------
  * MultiplyByQuantizedMultiplier(v, m, shift) on 4 lanes with per-tensor constants: VSHL by the left
  * shift (lsh, wrapping as TFLite's x * (1 << left)), VQRDMULH by m, then RoundingDivideByPOT as in

@@ -14,6 +14,7 @@ from kiln.commands import add_optimize_argument
 from kiln.frontend import load_model, save
 from kiln.frontend.errors import KilnError
 from kiln.frontend.files import staged_dir
+from kiln.tflm import add_semantics_argument
 
 PRECISIONS = ("uniform", "mixed")     # backends/tvm_te.PRECISIONS (not imported: that loads TVM)
 
@@ -34,6 +35,7 @@ def add_arguments(p):
                    "then moved into place)")
     p.add_argument("--ram-budget", type=int, default=None, help="fail if the arena needs more bytes than this")
     p.add_argument("--no-plot", action="store_true", help="do not draw memory.png")
+    add_semantics_argument(p)
 
 
 def run(args):
@@ -43,12 +45,13 @@ def run(args):
         raise KilnError(f"--precision {args.precision} applies to --target cuda with --dtype float16 or bfloat16; "
                         f"a C package ({args.target}) runs the model's own int8/float32 arithmetic")
     pkg = hil.compile_model(args.model, args.target, args.out, ram_budget=args.ram_budget, plot=not args.no_plot,
-                            optimize=args.optimize)
+                            optimize=args.optimize, semantics=args.semantics)
     m = pkg.manifest
     rep = {"model": m.model, "target": m.target, "optimize": m.optimize, "package": pkg.path,
            "commands": len(m.commands), "kernels": len(m.kernels), "arena_bytes": m.arena_bytes,
            "weight_bytes": m.weight_bytes, "code_bytes": m.sizes.get("code_bytes"), "macs": m.macs,
-           "planner": m.planner, "compile_seconds": m.compile_seconds}
+           "planner": m.planner, "compile_seconds": m.compile_seconds,
+           "semantics": m.extra.get("semantics", "litert")}
     lines = [f"compiled {m.model} for {m.target} (--optimize {m.optimize}) -> {pkg.path}",
              f"  commands      {rep['commands']} ({rep['kernels']} distinct kernels)",
              f"  arena         {rep['arena_bytes']:,} B (planner: {m.planner})",
@@ -56,6 +59,7 @@ def run(args):
              f"  code          {rep['code_bytes']:,} B (arm-none-eabi-gcc -O2 .text)" if rep["code_bytes"] is not None
              else "  code          n/a (host target)",
              f"  MACs          {rep['macs']:,}",
+             f"  semantics     {rep['semantics']}",
              f"  compile time  {rep['compile_seconds']:.2f} s"]
     rep["text"] = "\n".join(lines)
     return rep
@@ -77,7 +81,7 @@ def _check_precision(args, graph):
 
 def _run_cuda(args):
     t0 = time.time()
-    graph = load_model(args.model)
+    graph = load_model(args.model, semantics=args.semantics)
     _check_precision(args, graph)
     with staged_dir(args.out, "package folder", last=FILE) as tmp:   # all of it or nothing
         m = get_backend("cuda").compile(graph, {"out_dir": tmp, "arch": args.arch, "dtype": args.dtype,

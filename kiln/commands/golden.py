@@ -8,12 +8,12 @@ import os
 
 import numpy as np
 
-from kiln.frontend import load_model
+from kiln.frontend import load_model, semantics_of
 from kiln.frontend.errors import KilnError
 from kiln.litert import run_litert
 from kiln.samples import golden_arrays, load_samples, random_inputs
 from kiln.targets import run_reference
-from kiln.tflm import oracle_for, run_tflm
+from kiln.tflm import add_semantics_argument, oracle_for, run_tflm
 
 ORACLES = ("auto", "litert", "tflm", "reference")
 WHO = {"litert": "LiteRT's reference kernels (BUILTIN_REF)", "tflm": "TensorFlow Lite Micro's interpreter",
@@ -33,7 +33,8 @@ def add_arguments(p):
                    help="who computes the outputs: LiteRT's reference kernels (BUILTIN_REF; .tflite only), "
                         "TensorFlow Lite Micro's interpreter (.tflite only; pip package tflite-micro), Kiln's "
                         "reference executor, or auto (LiteRT for a .tflite, TensorFlow Lite Micro where the two "
-                        "differ: integer LSTM, int8 SVDF state; Kiln's reference for a Kiln graph)")
+                        "differ: integer LSTM, int8 SVDF state, --semantics tflm; Kiln's reference for a Kiln graph)")
+    add_semantics_argument(p)
 
 
 def resolve(model, oracle="auto", graph=None):
@@ -70,7 +71,7 @@ def golden(model, out, samples, oracle="auto", graph=None):
 def run(args):
     if args.inputs < 1:
         raise KilnError(f"--inputs must be at least 1, got {args.inputs}")
-    g = load_model(args.model)
+    g = load_model(args.model, semantics=args.semantics)
     if args.data:
         samples = load_samples(args.data, g, limit=args.limit).inputs
         if not samples:
@@ -82,6 +83,6 @@ def run(args):
     oracle, why = resolve(args.model, args.oracle, g)
     golden(args.model, args.out, samples, oracle, graph=g)
     return {"model": args.model, "golden": args.out, "pairs": len(samples), "oracle": oracle, "oracle_reason": why,
-            "inputs": len(g.inputs), "outputs": len(g.outputs), "source": source,
+            "inputs": len(g.inputs), "outputs": len(g.outputs), "source": source, "semantics": semantics_of(g),
             "text": f"wrote {len(samples)} golden pairs to {args.out} ({WHO[oracle]}, {source})"
                     + (f"\noracle: {WHO[oracle]}, not LiteRT: {why}" if why else "")}

@@ -4,9 +4,10 @@ definition to last use, in graph order; weights are not counted), and which targ
 op (kiln/commands/op_support.py: from the op registry and the backends' kernels, before compiling)."""
 from __future__ import annotations
 
-from kiln.frontend import load_model
+from kiln.frontend import load_model, semantics_of
 from kiln.frontend.errors import KilnError
 from kiln.frontend.registry import get_op
+from kiln.tflm import add_semantics_argument
 
 from .op_support import support_text, target_support
 
@@ -14,6 +15,7 @@ from .op_support import support_text, target_support
 def add_arguments(p):
     p.add_argument("model", help="a .tflite, .onnx or .pt2 model or a Kiln graph .json")
     p.add_argument("--tensors", action="store_true", help="also list every constant (weights, biases)")
+    add_semantics_argument(p)
 
 
 def _q(t):
@@ -53,7 +55,8 @@ def summarize(graph) -> dict:
         ot = graph.types[n.name]
         ins = [f"{graph.types[i].dtype}{list(graph.types[i].shape)}" for i in n.inputs
                if graph.kind(i) in ("input", "node")]
-        attrs = {a: v for a, v in n.attrs.items() if v not in (None, "none", [1, 1], 1, False)}
+        attrs = {a: v for a, v in n.attrs.items() if v not in (None, "none", [1, 1], 1, False)
+                 and (a, v) != ("requant", "double")}
         rows.append({"index": k, "name": n.name, "op": n.op, "inputs": ins,
                      "output": f"{ot.dtype}{list(ot.shape)}", "quant": _q(ot), "macs": macs(graph, n),
                      "attrs": attrs})
@@ -63,14 +66,16 @@ def summarize(graph) -> dict:
             "outputs": [{"name": o, "type": str(graph.types[o])} for o in graph.outputs],
             "constants": [{"name": k, "type": str(graph.types[k]), "quant": _q(graph.types[k]),
                            "bytes": int(v.nbytes)} for k, v in weights.items()],
-            "macs": sum(r["macs"] for r in rows),
+            "macs": sum(r["macs"] for r in rows), "semantics": semantics_of(graph),
             "weight_bytes": int(sum(v.nbytes for v in weights.values())),
             "peak_activation_bytes": peak_activation_bytes(graph)}
 
 
 def _text(s, tensors):
     lines = [f"{s['name']}: {s['nodes']} ops, {s['macs']:,} MACs, {s['weight_bytes']:,} weight bytes, "
-             f"peak activations {s['peak_activation_bytes']:,} bytes"]
+             f"peak activations {s['peak_activation_bytes']:,} bytes",
+             f"  semantics {s['semantics']} (" + ("TensorFlow Lite Micro's" if s["semantics"] == "tflm" else
+                                                 "LiteRT's reference kernels'") + " integer arithmetic)"]
     for i in s["inputs"]:
         lines.append(f"  input  {i['name']}: {i['type']}")
     for o in s["outputs"]:
@@ -88,7 +93,7 @@ def _text(s, tensors):
 
 
 def run(args):
-    g = load_model(args.model)
+    g = load_model(args.model, semantics=args.semantics)
     if g is None:
         raise KilnError(f"{args.model}: could not load")
     s = summarize(g)

@@ -26,11 +26,12 @@ from kiln.commands.labgrid_options import add_farm_arguments, farm_lease
 from kiln.commands.verify import comparison_rule
 from kiln.frontend import load_model
 from kiln.frontend.errors import KilnError
+from kiln.frontend.loader import semantics_of
 from kiln.litert import OracleUnsupported, run_litert
 from kiln.report import plot_roofline
 from kiln.samples import Samples, load_samples, random_inputs
 from kiln.targets import BACKEND_TARGETS, get_target, run_reference, run_target
-from kiln.tflm import oracle_for, run_tflm
+from kiln.tflm import add_semantics_argument, check_package_semantics, oracle_for, run_tflm
 
 # float outputs of a board vs the NumPy reference: same float32 operations in a different order
 FLOAT_RTOL, FLOAT_ATOL = 1e-4, 1e-5
@@ -55,6 +56,7 @@ def add_arguments(p):
     p.add_argument("-o", "--out", default=None, help="build folder (default: a temporary folder, removed "
                    "afterwards unless --keep)")
     p.add_argument("--keep", action="store_true", help="keep the temporary build folder")
+    add_semantics_argument(p)
     p.add_argument("--plot", default=None, metavar="PNG", help="write the per-layer roofline (instructions, "
                    "MACs per instruction against the core's ceiling) to this PNG (boards only)")
     add_farm_arguments(p)
@@ -181,6 +183,7 @@ def run(args):
 
 
 def _run(args, lease=None):
+    check_package_semantics(args.model, args.semantics)
     if args.target in BACKEND_TARGETS:
         return _run_target(args)
     if args.target is not None:
@@ -210,7 +213,7 @@ def _run(args, lease=None):
 
 def _run_on(board, args, out, lab_map, lease=None):
     image, pkg_dir = hil.build_for_board(args.model, board, out, optimize=args.optimize, port=args.port,
-                                         lab_map=lab_map)
+                                         lab_map=lab_map, semantics=args.semantics)
     graph = hil.package_graph(pkg_dir)
     samples = _samples(graph, args)
     if lease is not None:
@@ -238,7 +241,7 @@ def _run_on(board, args, out, lab_map, lease=None):
     ins = next((n for n in res.instructions if n), None)
     real = (not board.emulated) and (args.port is not None or (lab_map is not None and board.name in lab_map.boards()))
     rep = {"ok": all(c["match"] for c in checks), "board": args.board, "emulated": not real,
-           "samples": len(samples), "sample_source": samples.source,
+           "samples": len(samples), "sample_source": samples.source, "semantics": semantics_of(graph),
            "bit_exact": all(c["match"] and c["rule"] == "bit-exact" for c in checks),
            "checks": checks, "compared_against": [c["against"] for c in checks],
            "mismatched_inputs": sorted({k for c in checks for k in c["mismatched_samples"]}),
@@ -369,11 +372,12 @@ def _run_target(args):
     """--target T: the samples through a backend target, compared with the reference executor:
     bit for bit for integer outputs of an exact target, within the target's tolerance otherwise."""
     t = get_target(args.target)
-    graph = hil.package_graph(args.model) if is_package(args.model) else load_model(args.model)
+    graph = hil.package_graph(args.model) if is_package(args.model) else load_model(args.model,
+                                                                                     semantics=args.semantics)
     samples = _samples(graph, args)
     with BuildFolder(args.out, args.keep, f"kiln_run_{args.target}_") as build:
         options = {"out": build.path, "out_dir": os.path.join(build.path, "host_package"),
-                   "package": os.path.join(build.path, "cuda_package"), "capture": True}
+                   "package": os.path.join(build.path, "cuda_package"), "capture": True, "semantics": args.semantics}
         outs = run_target(t, args.model, samples.inputs, options)
     ref = run_reference(graph, samples.inputs)
     err, ok, atol = 0.0, True, t.tolerance(args.model, options)
@@ -387,5 +391,5 @@ def _run_target(args):
                 bool((d <= atol * (1 + np.abs(bv))).all())
     rule = comparison_rule(exact, atol)
     return {"ok": ok and len(outs) == len(ref), "target": args.target, "samples": len(samples), "max_abs_err": err,
-            "comparison": rule, "build": build.kept,
+            "comparison": rule, "build": build.kept, "semantics": semantics_of(graph),
             "text": f"{len(samples)} samples on {args.target}: max |err| vs NumPy reference {err:.3g} ({rule})"}

@@ -12,6 +12,7 @@ from kiln.commands.labgrid_options import add_farm_arguments, farm_lease
 from kiln.errors import UsageError
 from kiln.samples import golden_pairs, read_npz
 from kiln.targets import get_target, run_target
+from kiln.tflm import add_semantics_argument, check_package_semantics
 
 
 def add_arguments(p):
@@ -43,6 +44,7 @@ def add_arguments(p):
                      help="--float64: the CUDA package's storage dtype (half training steps: mixed precision)")
     f64.add_argument("--batch", type=int, default=None, help="--float64: batch size (default 1; 64 for --train-step)")
     f64.add_argument("--seed", type=int, default=0, help="--float64: seed of the inputs and initial parameters")
+    add_semantics_argument(p)
     add_farm_arguments(p)
 
 
@@ -159,6 +161,9 @@ def run(args):
                          "(cuda-sim: a float model against float64)")
     with farm_lease(args) as lease:
         options = {"out": args.out} if args.out else {}
+        if args.semantics:
+            check_package_semantics(args.model, args.semantics)
+            options["semantics"] = args.semantics
         if lease is not None:       # a labgrid place: its board, over its serial port
             if args.target not in ("reference", lease.board):
                 raise UsageError(f"--labgrid: the place holds a {lease.board}: give no --target (or that one)")
