@@ -153,14 +153,14 @@ def prepare_dense(w, bias, zx, s_in, w_scales, s_out, zy, act, bias_apart=False,
     constants (one channel when all are equal), "mstep", "c1", "c2", "lo", "hi"}. With
     ``bias_apart`` the stream's biases are zero and "bias" holds the folded biases (int32 [N],
     ``kiln_fc_mv_s8_b``): the stream depends on the weights alone. ``fixed`` (TensorFlow Lite
-    Micro's requantisation, ``kiln_fc_mv_s8_fx``): "rq" holds {multiplier, left shift, minus the
-    right shift} per channel (or one), "m" one unused word, c1 = c2 = 0."""
+    Micro's requantisation, ``kiln_fc_mv_s8_fx``): "rq" and "c1" as ``fixed_constants`` gives
+    them, "m" one unused word, c2 = 0."""
     w = np.asarray(w, np.int8)
     N = w.shape[0]
     lo, hi = qmath.activation_range(act, s_out, zy)
     if fixed:
-        rq, m, c1, c2 = fixed_constants(s_in, w_scales, s_out), np.zeros(1, np.int32), 0, 0
-        one = rq.size == 3
+        rq, c1 = fixed_constants(s_in, w_scales, s_out, acc_bound(w, bias, zx), zy)
+        m, c2, one = np.zeros(1, np.int32), 0, rq.size == 3
     else:
         m, rq, c1, c2, one = _double_constants(w, bias, zx, s_in, w_scales, s_out)
     folded = fold_bias(w, np.asarray(bias, np.int64).reshape(N), zx)
@@ -182,14 +182,21 @@ def _double_constants(w, bias, zx, s_in, w_scales, s_out):
     return m, rq, c1, c2, one
 
 
-def fixed_constants(s_in, w_scales, s_out):
-    """int32 {multiplier, left shift, minus the right shift} per channel, one triple when all
-    channels are equal: the conv's ``requantize_params`` as ``kiln_mbqm`` takes them."""
+def fixed_constants(s_in, w_scales, s_out, bound, zy):
+    """(rq, form) of TensorFlow Lite Micro's requantisation (the conv's ``requantize_params``) for
+    ``kiln_fc_mv_s8_fx``: form 1, int32 {multiplier, 2^(e-1), e} per channel, when the conv's
+    SMMULR shortcut is exact for every |acc| <= ``bound`` (``schedules.requant_bound_ok``: right
+    shifts e >= 1); else form 0, {multiplier, left shift, minus the right shift} as ``kiln_mbqm``
+    takes them. One triple when all channels are equal."""
     mult, shift = (np.asarray(a, np.int64) for a in requantize_params(s_in, np.ravel(w_scales), s_out))
-    rq = np.stack([mult, np.maximum(shift, 0), np.minimum(shift, 0)], axis=1)
+    form = int(schedules.requant_bound_ok(bound, mult, shift, zy))
+    if form:
+        rq = np.stack([mult, np.left_shift(np.int64(1), -shift - 1), -shift], axis=1)
+    else:
+        rq = np.stack([mult, np.maximum(shift, 0), np.minimum(shift, 0)], axis=1)
     if len({tuple(r) for r in rq.tolist()}) == 1:
         rq = rq[:1]
-    return rq.astype(np.int32).reshape(-1)
+    return rq.astype(np.int32).reshape(-1), form
 
 
 def kernel_operands(k, node, x):

@@ -23,9 +23,11 @@
  * decides. c1 = 2^31 + G, c2 = 2^32 - 2G (c2 = 0: always kiln_fc_rq).
  *
  * kiln_fc_mv_s8_fx / kiln_fc_mv_s8_b_fx requantise as TensorFlow Lite Micro's FULLY_CONNECTED
- * (the dense node's requant "fixed"): MultiplyByQuantizedMultiplier, the conv's kiln_mbqm, with
- * rq = {multiplier, left shift, minus the right shift} per channel (ops_dense.fixed_constants);
- * m, c1 and c2 are unused.
+ * (the dense node's requant "fixed"): MultiplyByQuantizedMultiplier as the conv kernels compute
+ * it (ops_dense.fixed_constants): c1 = 1, rq = {multiplier, 2^(e-1), e} per channel, the SMMULR
+ * form kiln_dw_requant(2 * acc, ...) where the compile-time bound on |acc| makes it exact (every
+ * right shift e >= 1, schedules.requant_bound_ok); else c1 = 0, rq = {multiplier, left shift,
+ * minus the right shift}, kiln_mbqm. m and c2 are unused.
  */
 #ifndef KILN_DENSE_H
 #define KILN_DENSE_H
@@ -133,9 +135,13 @@ static inline int32_t kiln_dense_rq(int32_t acc, int32_t m, const int32_t *rq, u
     return kiln_dense_rq_exact(acc, rq);
 }
 
-/* TensorFlow Lite Micro's requantisation (kiln_mbqm), limited to [-2^16, 2^16] as above */
-static inline int32_t kiln_dense_rq_fx(int32_t acc, const int32_t *rq)
+/* TensorFlow Lite Micro's requantisation (form 1: kiln_dw_requant, |q| < 2^30; form 0: kiln_mbqm,
+ * limited to [-2^16, 2^16] as above) */
+static inline int32_t kiln_dense_rq_fx(int32_t acc, const int32_t *rq, uint32_t form)
 {
+    if (form) {
+        return kiln_dw_requant(2 * acc, rq[0], rq[1], rq[2]);
+    }
     const int32_t q = kiln_mbqm(acc, rq[0], rq[1], rq[2]);
     return q > 65536 ? 65536 : (q < -65536 ? -65536 : q);
 }
@@ -144,7 +150,7 @@ static inline int32_t kiln_dense_rq_fx(int32_t acc, const int32_t *rq)
 static inline __attribute__((always_inline)) int32_t kiln_dense_q(int32_t acc, int32_t m, const int32_t *rq,
                                                                   uint32_t c1, uint32_t c2, const int fx)
 {
-    return fx ? kiln_dense_rq_fx(acc, rq) : kiln_dense_rq(acc, m, rq, c1, c2);
+    return fx ? kiln_dense_rq_fx(acc, rq, c1) : kiln_dense_rq(acc, m, rq, c1, c2);
 }
 
 /* q + zy clamped to [lo, hi] (-128 <= lo <= hi <= 127; |q| <= 2^30) */
