@@ -618,7 +618,7 @@ def dense_int8(xs, attrs, in_types, out_type):
     wf = w.astype(np.float64) - wz.reshape(N, 1)
     acc = np.rint(np.matmul(xf, wf.T)).astype(np.int64)
     bias = _bias(xs, "dense", N)
-    if attrs["requant"] == "fixed":     # TensorFlow Lite Micro: the conv's fixed-point multiplier
+    if attrs.get("requant") == "fixed":     # TensorFlow Lite Micro: the conv's fixed-point multiplier
         mult, shift = requantize_params(s_in, ws, s_out)
         return _finish(acc, bias, mult, shift, z_out, attrs["activation"], s_out)
     if bias is not None:
@@ -1234,7 +1234,7 @@ def dense_int16(xs, attrs, in_types, out_type):
     wf = w.astype(np.float64) - wz.reshape(N, 1)
     acc = np.rint(np.matmul(x.astype(np.float64), wf.T)).astype(np.int64)
     bias = _bias16(xs, "dense")
-    if attrs["requant"] == "fixed":
+    if attrs.get("requant") == "fixed":
         return _dense16_fixed(acc, bias, len(in_types) > 2 and in_types[2].dtype == "int32",
                               requantize_params(s_in, ws, s_out), z_out, attrs["activation"], s_out)
     if bias is not None:
