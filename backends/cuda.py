@@ -37,6 +37,7 @@ from tvm import ir, s_tir, tirx
 
 from kiln.frontend.errors import KilnError
 from kiln.frontend.graph import Graph
+from kiln.frontend.loader import semantics_of
 from kiln.frontend.types import TensorType
 
 from . import cuda_int8, nvrtc, planner, tvm_te
@@ -616,7 +617,9 @@ def _manifest(st: CudaState, arena, launches, tvm_version) -> Manifest:
         buffers=[ArenaBuffer(b.name, b.size, b.first, b.last, st.plan.offsets[b.name], values[b.name]["kind"])
                  for b in st.buffers],
         kernels=sorted({L.kernel for L in launches}), steps=st.plan_steps, launches=len(launches),
-        build_seconds=round(time.time() - st.t0, 2), extra=_precision_entry(st))
+        build_seconds=round(time.time() - st.t0, 2),
+        extra={**_precision_entry(st), **({"semantics": semantics_of(g)}       # integer arithmetic followed
+                                          if any(t.quant is not None for t in g.types.values()) else {})})
 
 
 def _precision_entry(st: CudaState):

@@ -152,8 +152,35 @@ def _fc_epilogue(k, node, acc, tx, tw, ty, N):
     """LiteRT's double requantisation, or the conv's fixed-point one (TensorFlow Lite Micro's)
     where the node's requant is "fixed"."""
     if node.attrs.get("requant") == "fixed":
-        return requant_epilogue(k, node, acc, ty, N, lambda idx: idx[-1], node.attrs["activation"])
+        return fc_fixed_epilogue(k, node, acc, tx, tw, ty, N)
     return fc_double_epilogue(k, acc, tx, tw, ty, N, node.attrs["activation"])
+
+
+def fc_fixed_epilogue(k, node, acc, tx, tw, ty, channels):
+    """acc (int32, bias added, channels last) -> int8 as TensorFlow Lite Micro's FULLY_CONNECTED:
+    MultiplyByQuantizedMultiplier with the conv's multipliers (``qmath.linear_requant``), written
+    as the C kernels' ``kiln_dw_requant`` in int64 without Let bindings (TVM's bound analysis of
+    the LLVM build of the plan's step functions rejects ``qmath.mbqm``'s lets when the step also
+    packs dp4a words): t = (acc << left) * M + 2^30, then (t >> 31) + 2^(e-1) - (t < 0), shifted
+    right by e (for e = 0: t >> 31), + zero point, clamped."""
+    mult, shift = qmath.linear_requant(tx, tw, ty, channels)
+    s_out, zy = per_tensor(ty, "output", "dense")
+    lo, hi = qmath.activation_range(node.attrs["activation"], s_out, zy)
+    tm = k.const("fx_mult", mult.astype(np.int32))
+    tl = k.const("fx_lshift", np.maximum(shift, 0).astype(np.int32))
+    te_ = k.const("fx_rshift", np.maximum(-shift, 0).astype(np.int32))
+    i64 = "int64"
+
+    def body(*idx):
+        ch = idx[-1]
+        a = (acc(*idx) << tl[ch]).astype(i64)             # int32 shift: wraps as TFLite's x * (1 << left)
+        t = a * tm[ch].astype(i64) + c(1 << 30, i64)
+        e = te_[ch].astype(i64)
+        half = (c(1, i64) << e) >> c(1, i64)
+        neg = tirx.Select(tirx.all(t < c(0, i64), e > c(0, i64)), c(1, i64), c(0, i64))
+        v = (((t >> c(31, i64)) + half - neg) >> e) + c(zy, i64)
+        return tirx.max(tirx.min(v, c(hi, i64)), c(lo, i64)).astype("int8")
+    return te.compute(acc.shape, body, name="requant")
 
 
 def lower_dense_16x8(k, node, xs):

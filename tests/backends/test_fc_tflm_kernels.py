@@ -138,3 +138,30 @@ def test_16x8_on_host_equals_reference(bias, tmp_path):
     for _ in range(3):
         x = rng.integers(-32768, 32768, (2, K)).astype(np.int16)
         np.testing.assert_array_equal(pkg.run(x)[0], run(g, x)[0])
+
+
+def test_cuda_package_follows_tflm(tmp_path):
+    """ad01 compiled for CUDA with TensorFlow Lite Micro's semantics: the launch plan interpreted on
+    the CPU (and the kernels on pocl, when there) gives TFLite Micro's interpreter's outputs."""
+    import os
+    pytest.importorskip("tflite_micro.python.tflite_micro.runtime")
+    from kiln import tflm
+    from kiln.backends import cuda
+    from kiln.frontend import load_model
+    path = "/work/shared/models/ad01_int8.tflite"
+    if not os.path.exists(path):
+        pytest.skip(f"{path} not found")
+    gold = np.load(path.replace(".tflite", ".golden.npz"))
+    xs = [gold[f"in_{k}"] for k in range(3)]
+    want = tflm.run_tflm(path, [(x,) for x in xs])
+    pkg = cuda.compile(load_model(path, semantics="tflm"), str(tmp_path / "cu"), arch="sm_80", check=None)
+    assert cuda.load_manifest(pkg).extra["semantics"] == "tflm"
+    for x, w in zip(xs, want):
+        np.testing.assert_array_equal(cuda.interpret_plan(pkg, [x])[0].reshape(-1), w[0].reshape(-1))
+    from kiln.backends import cuda_sim
+    try:
+        sim = cuda_sim.Simulator(pkg)
+    except cuda_sim.SimUnavailable:
+        return                                   # no OpenCL CPU device: the plan interpreter above
+    for x, w in zip(xs, want):
+        np.testing.assert_array_equal(sim(x)[0].reshape(-1), w[0].reshape(-1))
