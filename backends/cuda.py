@@ -617,9 +617,8 @@ def _manifest(st: CudaState, arena, launches, tvm_version) -> Manifest:
         buffers=[ArenaBuffer(b.name, b.size, b.first, b.last, st.plan.offsets[b.name], values[b.name]["kind"])
                  for b in st.buffers],
         kernels=sorted({L.kernel for L in launches}), steps=st.plan_steps, launches=len(launches),
-        build_seconds=round(time.time() - st.t0, 2),
-        extra={**_precision_entry(st), **({"semantics": semantics_of(g)}       # integer arithmetic followed
-                                          if any(t.quant is not None for t in g.types.values()) else {})})
+        build_seconds=round(time.time() - st.t0, 2), extra=_precision_entry(st),
+        semantics=semantics_of(g) if any(t.quant is not None for t in g.types.values()) else None)
 
 
 def _precision_entry(st: CudaState):

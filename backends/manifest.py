@@ -128,6 +128,7 @@ class Manifest:
     outputs: list[Tensor]
     kernels: list[str] = field(default_factory=list)
     format: str | int = C_FORMAT
+    semantics: str | None = None     # quantised models: "litert" | "tflm", whose integer arithmetic (frontend/loader.py)
     # ---- C packages
     version: int = 1
     dsp: bool = False
@@ -187,18 +188,18 @@ class Manifest:
 
 C_KEYS = ("format", "version", "model", "target", "dsp", "optimize", "arena_bytes", "arena_peak", "planner",
           "planner_tried", "weight_bytes", "inputs", "outputs", "input_bytes", "output_bytes", "commands",
-          "kernels", "macs", "files", "sizes", "compile_seconds", "state_bytes", "states")
+          "kernels", "macs", "files", "sizes", "compile_seconds", "state_bytes", "states", "semantics")
 CUDA_KEYS = ("format", "target", "arch", "dtype", "graph", "signature", "tvm", "sources", "arena_bytes",
              "alignment", "weights_file", "weights_bytes", "user_inputs", "dropout_masks", "inputs", "outputs",
-             "updates", "weights", "buffers", "kernels", "steps", "launches", "build_seconds")
+             "updates", "weights", "buffers", "kernels", "steps", "launches", "build_seconds", "semantics")
 
 
 def _c_dict(m: Manifest) -> dict:
     d = {}
     for k in C_KEYS:
         v = getattr(m, k)
-        if k in ("state_bytes", "states") and not m.states:
-            continue                 # written by stateful packages only
+        if (k in ("state_bytes", "states") and not m.states) or (k == "semantics" and m.semantics is None):
+            continue                 # written by stateful packages only; by quantised ones
         if k in ("inputs", "outputs", "states"):
             v = [t.to_c() for t in v]
         elif k == "commands":
@@ -233,6 +234,8 @@ def _cuda_dict(m: Manifest) -> dict:
             v = [dataclasses.asdict(b) for b in m.buffers]
         elif k == "steps":
             v = [s.to_dict() for s in m.steps]
+        elif k == "semantics" and m.semantics is None:
+            continue                 # written by quantised packages only
         else:
             v = getattr(m, k)
         d[k] = v

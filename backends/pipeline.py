@@ -197,7 +197,7 @@ def emit_package(st: CompileState):
         macs=int(sum(c["macs"] for c in commands)),
         states=states, state_bytes=sum(t.bytes for t in states),
         files=["model.h", "model.c", "kernels.c", "kiln_cmd.h", "kiln_intrinsics.h"],
-        extra={"semantics": semantics_of(st.graph)})     # whose integer arithmetic (frontend/loader.py)
+        semantics=semantics_of(st.graph) if any(t.quant is not None for t in st.graph.types.values()) else None)
 
 
 def _command_buffer(st: CompileState):

@@ -76,8 +76,8 @@ def check_package_semantics(model, semantics):
     if semantics is None or not os.path.exists(os.path.join(p, "manifest.json")):
         return
     with open(os.path.join(p, "manifest.json")) as f:
-        has = json.load(f).get("semantics", "litert")
-    if has != semantics:
+        has = json.load(f).get("semantics")
+    if has is not None and has != semantics:      # (None: a float package, nothing to choose)
         raise KilnError(f"{p} was compiled with --semantics {has}; --semantics {semantics} needs the model "
                         f"compiled again (kiln compile MODEL --semantics {semantics}), or leave the option out")
 

@@ -51,7 +51,7 @@ def run(args):
            "commands": len(m.commands), "kernels": len(m.kernels), "arena_bytes": m.arena_bytes,
            "weight_bytes": m.weight_bytes, "code_bytes": m.sizes.get("code_bytes"), "macs": m.macs,
            "planner": m.planner, "compile_seconds": m.compile_seconds,
-           "semantics": m.extra.get("semantics", "litert")}
+           "semantics": m.semantics}
     lines = [f"compiled {m.model} for {m.target} (--optimize {m.optimize}) -> {pkg.path}",
              f"  commands      {rep['commands']} ({rep['kernels']} distinct kernels)",
              f"  arena         {rep['arena_bytes']:,} B (planner: {m.planner})",
@@ -59,7 +59,9 @@ def run(args):
              f"  code          {rep['code_bytes']:,} B (arm-none-eabi-gcc -O2 .text)" if rep["code_bytes"] is not None
              else "  code          n/a (host target)",
              f"  MACs          {rep['macs']:,}",
-             f"  semantics     {rep['semantics']}",
+             *([f"  semantics     {rep['semantics']} (integer arithmetic of "
+                + ("TensorFlow Lite Micro)" if rep["semantics"] == "tflm" else "LiteRT's reference kernels)")]
+               if rep["semantics"] else []),
              f"  compile time  {rep['compile_seconds']:.2f} s"]
     rep["text"] = "\n".join(lines)
     return rep
@@ -89,7 +91,7 @@ def _run_cuda(args):
         save(graph, os.path.join(tmp, "graph.json"))
     rep = {"model": graph.name, "target": "cuda", "arch": args.arch, "dtype": m.dtype, "package": args.out,
            "launches": m.launches, "kernels": len(m.kernels), "arena_bytes": m.arena_bytes,
-           "weight_bytes": m.weights_bytes, "compile_seconds": round(time.time() - t0, 2)}
+           "weight_bytes": m.weights_bytes, "compile_seconds": round(time.time() - t0, 2), "semantics": m.semantics}
     policy = (m.extra.get("precision") or {}).get("policy")
     rep["text"] = (f"compiled {graph.name} for cuda ({args.arch}, {m.dtype}{f', {policy} precision' if policy else ''})"
                    f" -> {args.out}\n"

@@ -155,7 +155,7 @@ def test_cuda_package_follows_tflm(tmp_path):
     xs = [gold[f"in_{k}"] for k in range(3)]
     want = tflm.run_tflm(path, [(x,) for x in xs])
     pkg = cuda.compile(load_model(path, semantics="tflm"), str(tmp_path / "cu"), arch="sm_80", check=None)
-    assert cuda.load_manifest(pkg).extra["semantics"] == "tflm"
+    assert cuda.load_manifest(pkg).semantics == "tflm"
     for x, w in zip(xs, want):
         np.testing.assert_array_equal(cuda.interpret_plan(pkg, [x])[0].reshape(-1), w[0].reshape(-1))
     from kiln.backends import cuda_sim
