@@ -1,13 +1,14 @@
 """C override of int8 ``dense`` (FULLY_CONNECTED), bit-exact with LiteRT's reference kernel
 (requantisation in double: docs/int8_ir.md), or with TensorFlow Lite Micro's where the node's
-``requant`` attribute is "fixed" (the conv's fixed-point multiplier: ``fixed_requant``). With Kiln kernels and constant weights a layer is one
-call of ``kiln_fc_mv_s8`` (include/kiln_dense.h): weights packed at compile time for its 4-column
-SMLAD loop, the input zero point folded into the bias, the requantisation fused. Weights that
-several layers share (the time steps of an unrolled RNN, each with its own input zero point and
-bias) are packed once with zero biases, and each layer passes its own folded biases
-(``kiln_fc_mv_s8_b``), so flash holds one copy of them. Otherwise the
-tensorized dot product of ``schedules.py`` or TVM's default schedule, requantised by
-``fc_requant_epilogue``. The 16x8 (int16 activation) dense stays in ``ops_nn.py``."""
+``requant`` attribute is "fixed" (the conv's fixed-point multiplier: ``fixed_requant``). With Kiln
+kernels and constant weights a layer is one call of ``kiln_fc_mv_s8`` (include/kiln_dense.h;
+``kiln_fc_mv_s8_fx`` for TensorFlow Lite Micro's requantisation): weights packed at compile time
+for its 4-column SMLAD loop, the input zero point folded into the bias, the requantisation fused.
+Weights that several layers share (the time steps of an unrolled RNN, each with its own input zero
+point and bias) are packed once with zero biases, and each layer passes its own folded biases
+(``kiln_fc_mv_s8_b``), so flash holds one copy of them. Otherwise the tensorized dot product of
+``schedules.py`` or TVM's default schedule, requantised by ``fc_requant_epilogue`` (or the conv's
+``requant_epilogue``). The 16x8 (int16 activation) dense stays in ``ops_nn.py``."""
 from __future__ import annotations
 
 import collections
