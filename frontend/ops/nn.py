@@ -526,7 +526,9 @@ def _cgw_te(T, xs, a, out):
 #   requantised this way since April 2025 ("do requant in float to avoid loss of precision"); its
 #   optimized kernels and TFLite Micro's reference kernel still use the fixed-point multiplier,
 #   which differs by 1 LSB where gemmlowp's double rounding lands on the other side of a half
-#   (e.g. acc * eff = 2.483 -> 3). See docs/int8_ir.md.
+#   (e.g. acc * eff = 2.483 -> 3). A dense whose ``requant`` attribute is "fixed" (a model loaded
+#   with ``semantics="tflm"``, frontend/loader.py) requantises as TFLite Micro does: conv2d's
+#   ``multiply_by_quantized_multiplier``. See docs/int8_ir.md.
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
