@@ -27,7 +27,7 @@ from .torch_import import load_pt2
 SEMANTICS = {"litert": "double", "tflm": "fixed"}
 SEMANTICS_HELP = ("whose integer arithmetic to follow where LiteRT and TensorFlow Lite Micro differ: litert "
                   "(default; LiteRT's reference kernels, which MLPerf Tiny's goldens come from) or tflm "
-                  "(TensorFlow Lite Micro and CMSIS-NN). Today this is the int8/int16 FULLY_CONNECTED "
+                  "(TensorFlow Lite Micro and CMSIS-NN). It decides the int8/int16 FULLY_CONNECTED "
                   "requantisation: one rounding in double (litert) or the fixed-point multiplier, two "
                   "roundings (tflm); outputs can differ by 1 LSB per layer")
 
