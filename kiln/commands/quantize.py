@@ -18,12 +18,13 @@ import time
 import numpy as np
 
 from kiln import quantize as Q
-from kiln.frontend import load_model, save
+from kiln.frontend import load_model, save, semantics_of, with_semantics
 from kiln.frontend import run as run_graph
 from kiln.frontend.errors import KilnError
 from kiln.frontend.graph_passes import with_batch
 from kiln.frontend.ops.quant import quantize_array
 from kiln.samples import read_npz
+from kiln.tflm import add_semantics_argument
 from kiln.training import digits, load_npz
 
 
@@ -52,6 +53,7 @@ def add_arguments(p):
     p.add_argument("--lr", type=float, default=1e-4, help="QAT learning rate (default: 1e-4)")
     p.add_argument("--out", default=None, help="write the int8 graph here (.json; default: MODEL_int8.json)")
     p.add_argument("--tflite", default=None, help="also export the int8 graph as a .tflite file")
+    add_semantics_argument(p)       # recorded in the .json; a .tflite cannot hold it (give it again when loading)
 
 
 # ---- data ---------------------------------------------------------------------------------------
@@ -198,6 +200,8 @@ def run(args):
         q = Q.ptq(g, calib if len(calib) > 1 else calib[0], per_channel=not args.per_tensor, method=args.method,
                   int8_io=args.int8_io, activations=_activations(args))
     seconds = time.time() - t0
+    if args.semantics:
+        q = with_semantics(q, args.semantics)
     q.meta["float_model"] = os.path.abspath(args.model)
     result = evaluate(g, q, ev, targets)
     out = args.out or os.path.splitext(args.model)[0] + ("_int8.json" if args.activations == "int8" else "_16x8.json")
@@ -209,7 +213,7 @@ def run(args):
            "activations": args.activations, "int16_layers": q.meta.get("int16_layers"),
            "per_channel": not args.per_tensor, "int8_io": bool(args.int8_io), "data": described,
            "calibration_samples": len(calib[0]), "eval_samples": len(ev[0]), **result,
-           "seconds": round(seconds, 2), "files": files}
+           "seconds": round(seconds, 2), "files": files, "semantics": semantics_of(q)}
     rep["text"] = _text(rep)
     return rep
 

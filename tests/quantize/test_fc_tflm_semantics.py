@@ -127,3 +127,24 @@ def test_semantics_round_trip_and_errors(tmp_path):
     np.testing.assert_array_equal(run(back, pairs[0][0][0])[0], run(g, pairs[0][0][0])[0])
     with pytest.raises(SerializationError, match="litert, tflm"):
         load_model(AD01, semantics="micro")
+
+
+def test_quantize_cli_records_semantics(digits_model, tmp_path, capsys):
+    """`kiln quantize --semantics tflm`: the int8 graph it writes follows TFLite Micro (its dense
+    nodes requantise with the fixed-point multiplier) and says so; without it, LiteRT's."""
+    import json
+
+    from kiln.cli import main
+    from kiln.frontend import save
+    g, _ = digits_model
+    src = save(g, str(tmp_path / "digits.json"))
+    for sem in ("tflm", None):
+        out = str(tmp_path / f"q_{sem}.json")
+        rc = main(["quantize", src, "--data", "digits", "--calibration-size", "100", "--out", out, "--json"]
+                  + (["--semantics", sem] if sem else []))
+        rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert rc == 0 and rep["semantics"] == (sem or "litert")
+        q8 = load_model(out)
+        dense = [n for n in q8.nodes if n.op == "dense"]
+        assert dense and semantics_of(q8) == (sem or "litert")
+        assert all(n.attrs["requant"] == ("fixed" if sem else "double") for n in dense)
