@@ -4,7 +4,7 @@ whole range, int32 ones from [-1000, 1000]), outputs compared bit for
 bit (float outputs within 1e-4 of their scale). For each model that differs, the first differing
 operator is named (the model cut after each operator, exported and run on both).
 
-    .venv/bin/python benchmarks/tflm_agreement.py FOLDER... [--markdown table.md] [--json]
+    .venv/bin/python benchmarks/tflm_agreement.py FOLDER... [--semantics tflm] [--markdown table.md] [--json]
 
 Needs the tflite-micro pip package (kiln/tflm.py)."""
 from __future__ import annotations
@@ -34,14 +34,14 @@ def same(a, b):
     return np.array_equal(a.astype(np.int64), b.astype(np.int64))
 
 
-def first_differing_node(path, samples_):
+def first_differing_node(path, samples_, semantics="litert"):
     """(index, op) of the first operator whose output differs from TFLite Micro's on any of the
     samples, or None."""
-    g0 = load_model(path)
+    g0 = load_model(path, semantics=semantics)
     for k, n in enumerate(g0.nodes):
         if g0.types[n.name].dtype not in ("int8", "int16"):
             continue
-        g = load_model(path)
+        g = load_model(path, semantics=semantics)
         g.nodes, g.outputs = g.nodes[:k + 1], [n.name]
         try:
             data = export_tflite(g)
@@ -60,9 +60,9 @@ def first_differing_node(path, samples_):
     return None
 
 
-def check(path):
+def check(path, semantics="litert"):
     try:
-        g = load_model(path)
+        g = load_model(path, semantics=semantics)
     except Exception as e:      # noqa: BLE001 (reported per model)
         return {"model": path, "result": "kiln cannot import", "why": str(e).splitlines()[0][:160]}
     if g.states:
@@ -75,7 +75,7 @@ def check(path):
     got = [tuple(run(g, *x)) for x in xs]
     if all(same(a, b) for gs, ws in zip(got, want) for a, b in zip(gs, ws)):
         return {"model": path, "result": "same"}
-    where = first_differing_node(path, xs)
+    where = first_differing_node(path, xs, semantics)
     return {"model": path, "result": "differs", "first_node": where}
 
 
@@ -84,6 +84,8 @@ def main(argv=None):
     ap.add_argument("folders", nargs="+")
     ap.add_argument("--markdown")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--semantics", default="litert", choices=["litert", "tflm"],
+                    help="the semantics each model is loaded with (load_model; docs/int8_ir.md)")
     a = ap.parse_args(argv)
     if not tflm.available():
         print("tflite-micro is not installed", file=sys.stderr)
@@ -91,7 +93,7 @@ def main(argv=None):
     paths = sorted({p for r in a.folders for p in glob.glob(os.path.join(r, "**", "*.tflite"), recursive=True)})
     rows = []
     for k, p in enumerate(paths):
-        rows.append(check(p))
+        rows.append(check(p, a.semantics))
         print(f"[{k + 1}/{len(paths)}] {rows[-1]['result']}: {p}", file=sys.stderr, flush=True)
     counts = {}
     for r in rows:
