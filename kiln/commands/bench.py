@@ -21,6 +21,7 @@ from kiln.docs_util import add_shared_argument, add_write_argument, shared_model
 from kiln.errors import UsageError
 from kiln.samples import random_inputs
 from kiln.targets import run_reference
+from kiln.tflm import add_semantics_argument
 
 SECTION = "## Boards (kiln bench)"
 SHARED_NOTE = "DIR: the folder whose models/ holds the MLPerf Tiny models; "
@@ -50,6 +51,7 @@ def add_arguments(p):
                    help="build folder for the packages and firmware (default: a temporary folder, removed "
                         "afterwards unless --keep)")
     p.add_argument("--keep", action="store_true", help="keep the temporary build folder (its path is reported)")
+    add_semantics_argument(p)
     p.add_argument("-j", "--jobs", type=positive_int, default=1, metavar="N",
                    help="run N builds and boards at once, each QEMU on its own port and folder (default: 1); "
                         "the figures do not depend on N")
@@ -66,13 +68,14 @@ def _models(args):
     return shared_models(args.shared, SHARED_MODELS, flag="--models FILE[,FILE...]")
 
 
-def bench_one(model, board, tmp, optimize="size", lease=None):
-    """One row; ``lease``: a labgrid place (kiln.boards.farm.Lease) whose board runs it."""
+def bench_one(model, board, tmp, optimize="size", lease=None, semantics=None):
+    """One row; ``lease``: a labgrid place (kiln.boards.farm.Lease) whose board runs it;
+    ``semantics``: the integer semantics a .tflite is compiled with (--semantics)."""
     name = os.path.splitext(os.path.basename(model))[0]
     out = os.path.join(tmp, f"{name}_{board}_{optimize}")
     t0 = time.time()
     port = lease.url if lease is not None else None
-    image, pkg_dir = hil.build_for_board(model, board, out, optimize=optimize, port=port)
+    image, pkg_dir = hil.build_for_board(model, board, out, optimize=optimize, port=port, semantics=semantics)
     graph = hil.package_graph(pkg_dir)
     sample = random_inputs(graph, 1, seed=0)[0]          # one array per model input
     ref = run_reference(graph, [sample])[0]
@@ -83,7 +86,7 @@ def bench_one(model, board, tmp, optimize="size", lease=None):
     got = res.outputs[0] if isinstance(res.outputs[0], (list, tuple)) else (res.outputs[0],)
     man = hil.read_manifest(pkg_dir)
     ins = res.instructions[0]
-    return {"model": name, "board": board, "core": man.target, "optimize": optimize,
+    return {"model": name, "board": board, "core": man.target, "optimize": optimize, "semantics": man.semantics,
             "bit_exact": len(got) == len(ref) and all(np.array_equal(np.asarray(a).reshape(-1), np.asarray(b).reshape(-1))
                                                       for a, b in zip(got, ref)),
             "instructions": ins, "instruction_source": res.instruction_source, "macs": man.macs,
@@ -188,7 +191,7 @@ def _runs(models, args):
     return runs
 
 
-def _bench_all(runs, folder, jobs, quiet=False, lease=None):
+def _bench_all(runs, folder, jobs, quiet=False, lease=None, semantics=None):
     """bench_one for every (model, board, optimize) run, ``jobs`` at a time in separate processes
     (each with its own build sub-folder and QEMU port); the rows come back in the order of ``runs``."""
     def say(text):
@@ -198,12 +201,12 @@ def _bench_all(runs, folder, jobs, quiet=False, lease=None):
         rows = []
         for m, b, opt in runs:
             say(f"{os.path.basename(m)} on {b} (--optimize {opt}) ...")
-            rows.append(bench_one(m, b, folder, opt, lease))
+            rows.append(bench_one(m, b, folder, opt, lease, semantics))
         return rows
     say(f"{len(runs)} runs, {jobs} at a time ...")
     # spawn, not fork: TVM and the LiteRT interpreter hold threads that a fork would copy half-way
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(bench_one, m, b, folder, opt) for m, b, opt in runs]
+        futures = [pool.submit(bench_one, m, b, folder, opt, None, semantics) for m, b, opt in runs]
         rows = []
         for (m, b, opt), f in zip(runs, futures):
             rows.append(f.result())
@@ -221,11 +224,13 @@ def run(args):
             args.boards = lease.board
         farm = None if lease is None else {"place": lease.place_name, "board": lease.board,
                                            "coordinator": lease.address, "url": lease.url}
-        rows = _bench_all(runs, build.path, 1 if lease is not None else args.jobs, quiet=args.json, lease=lease)
+        rows = _bench_all(runs, build.path, 1 if lease is not None else args.jobs, quiet=args.json, lease=lease,
+                          semantics=args.semantics)
     cmd = "kiln bench" + (f" --models {','.join(os.path.basename(m) for m in models)}" if args.models
                           else " --shared DIR")
     cmd += "" if args.boards == BOARDS else f" --boards {args.boards}"
     cmd += f" --optimize {args.optimize}" if args.optimize else ""
+    cmd += f" --semantics {args.semantics}" if args.semantics else ""
     if md_path:
         write_section(md_path, markdown(rows, cmd + " --write"))
     text = text_table(rows)

@@ -168,3 +168,13 @@ def test_build_folder_is_removed_unless_kept_or_named_by_the_error(private_tmp, 
     with BuildFolder(str(tmp_path / "mine"), False, "kiln_w_") as e:
         pass
     assert not e.temp and e.kept == str(tmp_path / "mine")  # a folder the user named is never removed
+
+
+def test_bench_with_tflite_micro_semantics(capsys, shared_models, private_tmp):
+    """--semantics tflm compiles a .tflite with TensorFlow Lite Micro's FULLY_CONNECTED arithmetic:
+    the row says so and the board agrees with the reference that follows it."""
+    ad01 = os.path.join(shared_models, "ad01_int8.tflite")
+    rc, rep = _json(capsys, ["bench", "--models", ad01, "--boards", "mps2-an386", "--optimize", "size",
+                             "--semantics", "tflm", "--json"])
+    (row,) = rep["rows"]
+    assert rc == 0 and row["semantics"] == "tflm" and row["bit_exact"] and row["instructions"] > 0, row
