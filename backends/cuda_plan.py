@@ -186,6 +186,7 @@ class PlanSteps:
         self.m = m or load_manifest(pkg)
         with open(os.path.join(pkg, "groups.json")) as f:
             self.tir_mod = tvm.ir.load_json(f.read())
+        self._half = {}
         self.funcs = {gv.name_hint: tvm.tirx.build(fn.with_attr("global_symbol", gv.name_hint), target="llvm")
                       for gv, fn in self.tir_mod.functions.items()}
 
@@ -197,6 +198,14 @@ class PlanSteps:
             shape = [int(s) for s in b.shape] if b is not None and hasattr(b, "shape") else None
             out.append((str(b.dtype) if b is not None and hasattr(b, "dtype") else "float32", shape))
         return out
+
+    def half_dtypes(self, st):
+        """The half-precision dtypes step ``st``'s function computes in, arguments or not (a mixed
+        step reads float32 values and rounds them to bfloat16 inside before multiplying)."""
+        if st.func not in self._half:
+            text = self.tir_mod[st.func].script()
+            self._half[st.func] = {d for d in ("float16", "bfloat16") if f'"{d}"' in text}
+        return self._half[st.func]
 
     def call(self, st, space):
         import ml_dtypes  # TVM's own dependency: its bfloat16 arrays

@@ -10,8 +10,10 @@ import pytest
 import kiln
 from benchmarks import cuda_sim_zoo
 from kiln.backends import cuda, cuda_sim
+from kiln.backends.cuda_plan import PlanSteps
 from kiln.cli import main
 from kiln.frontend import executor
+from tests.backends.server_models import make
 
 pytest.importorskip("pyopencl", reason="cuda-sim needs pyopencl (bash scripts/setup.sh --test installs it)")
 
@@ -108,3 +110,20 @@ def test_int8_package_is_bit_exact_step_by_step(tmp_path):
     bad, kernel = corrupted(pkg, str(tmp_path / "bad"), 3, launch=-1, factor=16)   # 64 of 128 outputs
     r = cuda_sim.stepwise(bad, [x])
     assert not r["ok"] and r["failing_step"] == 3 and kernel in r["failing_kernel"] and r["per_step"][3]["err"] != 0, r
+
+
+def test_a_step_that_rounds_to_bfloat16_inside_is_held_to_the_bfloat16_bound(tmp_path):
+    """A mixed-precision weight gradient may read float32 activations and round them to bfloat16
+    itself before multiplying (mobilenet-v1-0.25's depthwise and pointwise weight gradients, a
+    CNN's here): its float32 output is a sum of bfloat16 products, held to bfloat16's bound (it
+    was held to float32's and failed at 5e-4 on mobilenet-v1-0.25)."""
+    _, step, x, t = make("cnn")
+    pkg = cuda.compile_train_step(step, str(tmp_path / "cnn"), dtype="bfloat16", check=False)
+    m = cuda.load_manifest(pkg)
+    plan = PlanSteps(pkg, m)
+    inside = {st.step for st in m.steps
+              if plan.half_dtypes(st) == {"bfloat16"} and {dt for dt, _ in plan.params(st)} == {"float32"}}
+    assert inside, "no step of the CNN's bfloat16 step rounds float32 arguments to bfloat16 inside"
+    r = cuda_sim.stepwise(pkg, [x, t])
+    assert r["ok"], {k: v for k, v in r.items() if k != "per_step"}
+    assert all(s["bound"] == cuda_sim.STEP_TOLERANCE["bfloat16"] for s in r["per_step"] if s["step"] in inside)
