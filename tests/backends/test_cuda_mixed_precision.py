@@ -189,7 +189,8 @@ def test_kiln_compile_precision_chooses_the_storage_policy(tmp_path, capsys, fla
     assert code == 0
     rep = json.loads(text)
     assert set(rep) == {"model", "target", "arch", "dtype", "package", "launches", "kernels", "arena_bytes",
-                        "weight_bytes", "compile_seconds", "resources", "ok", "command"}
+                        "weight_bytes", "compile_seconds", "resources", "semantics", "ok", "command"}
+    assert rep["semantics"] is None         # a float package follows no integer semantics
     prec = cuda_plan.load_manifest(out).extra["precision"]
     assert prec["policy"] == policy
     want = tvm_te.precision_plan(step, "float16", policy).storage
