@@ -25,7 +25,8 @@ COMMANDS = {
     "compile": "compile a model to a C package (Cortex-M / host) or a CUDA package",
     "build": "build firmware for a board from a model or a compiled package",
     "run": "run a model on a board (QEMU or real) and report latency and memory",
-    "verify": "check golden input/output pairs on a target (reference, host, a board, cuda)",
+    "verify": "check golden input/output pairs on a target (reference, host, a board, cuda), or a float model on "
+              "cuda-sim against float64 (--float64)",
     "golden": "write golden input/output pairs from LiteRT's reference kernels or Kiln's reference",
     "bench": "benchmark models across the emulated boards (--write: into docs/benchmarks.md)",
     "boards": "list the boards Kiln knows",
