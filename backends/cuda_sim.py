@@ -317,12 +317,13 @@ def _f64(v):
     return v.astype(np.float64) if v.dtype == np.float32 else v
 
 
-def reference64(graph, inputs, params=None):
+def reference64(graph, inputs, params=None, after=None):
     """(outputs, {buffer: new value}) of the float32 ``graph`` computed in float64 from ``inputs``
-    (and ``params``, overrides by name), all cast to float64."""
+    (and ``params``, overrides by name), all cast to float64; ``after``: executor.run's hook on
+    each node's result."""
     g = float64_graph(graph)
     ps = {k: _f64(v) for k, v in params.items()} if params else None
-    return executor.run_updates(g, *[_f64(x) for x in inputs], params=ps)
+    return executor.run_updates(g, *[_f64(x) for x in inputs], params=ps, after=after)
 
 
 def gradient_outputs(graph):
@@ -388,9 +389,7 @@ def rounding_floor64(graph, inputs, want, want_updates, dtype, params=None, stor
     tensors = {k: v for k, v in graph.consts.items() if np.asarray(v).size > 1}   # scalars may be literals
     ps = {k: rounded(k, v) for k, v in {**tensors, **graph.params, **(params or {})}.items()}
     xs = [rounded(n, x) for n, x in zip(graph.inputs, inputs)]
-    g = float64_graph(graph)
-    got, upd = executor.run_updates(g, *[_f64(x) for x in xs], params={k: _f64(v) for k, v in ps.items()},
-                                    after=rounded if values else None)
+    got, upd = reference64(graph, xs, ps, after=rounded if values else None)
     return errors64(graph, got, want, upd if want_updates else None, want_updates)
 
 
@@ -417,7 +416,6 @@ def check64(pkg, graph, inputs, params=None, sim=None, launch_check=True, progre
     beyond = beyond_float64(floor)
     steps = None
     if beyond and launch_check:
-        sim.check_guards()
         steps = {k: v for k, v in stepwise(pkg, inputs, params, sim=sim, progress=progress).items()
                  if k != "per_step"}
     if steps and steps["ok"]:       # the launches are right: the rest is rounding, up to PEER_FACTOR x floor
