@@ -42,7 +42,7 @@ from tvm import te, tirx
 from kiln.frontend.errors import KilnError
 from kiln.frontend.graph import Graph
 from kiln.frontend.ops.int8util import channel_params, per_tensor
-from kiln.frontend.ops.nn import fc_effective_scales
+from kiln.frontend.ops.nn import fc_effective_scales, fixed_requant
 from kiln.frontend.ops.reduce_shape import SOFTMAX_ACCUMULATION_INTEGER_BITS, softmax_params
 from kiln.frontend.registry import INT16, SHAPE
 
@@ -151,7 +151,7 @@ def lower_dense(k, node, xs):
 def _fc_epilogue(k, node, acc, tx, tw, ty, N):
     """LiteRT's double requantisation, or the conv's fixed-point one (TensorFlow Lite Micro's)
     where the node's requant is "fixed"."""
-    if node.attrs.get("requant") == "fixed":
+    if fixed_requant(node.attrs):
         return fc_fixed_epilogue(k, node, acc, tx, tw, ty, N)
     return fc_double_epilogue(k, acc, tx, tw, ty, N, node.attrs["activation"])
 
@@ -187,7 +187,7 @@ def lower_dense_16x8(k, node, xs):
     """16x8 dense (int16 input and output, int8 weights): the C rule's int32 accumulator (bounded
     at compile time: ``ops_nn.dense16_bias``) with ``fc_double_epilogue`` in place of its C
     helper, LiteRT's double requantisation as for int8."""
-    if node.attrs.get("requant") == "fixed":
+    if fixed_requant(node.attrs):
         return lower_node(k, node, xs)      # TensorFlow Lite Micro's: the C rule's integer requantisation
     tx, tw, ty = _check_16x8(k, node)
     x, w = xs[0], xs[1]

@@ -1,7 +1,7 @@
 """C override of int8 ``dense`` (FULLY_CONNECTED), bit-exact with LiteRT's reference kernel
 (requantisation in double: docs/int8_ir.md), or with TensorFlow Lite Micro's where the node's
-``requant`` attribute is "fixed" (the conv's fixed-point multiplier: ``fixed_requant``). With Kiln
-kernels and constant weights a layer is one call of ``kiln_fc_mv_s8`` (include/kiln_dense.h;
+``requant`` attribute is "fixed" (the conv's fixed-point multiplier; ``nn.fixed_requant``). With
+Kiln kernels and constant weights a layer is one call of ``kiln_fc_mv_s8`` (include/kiln_dense.h;
 ``kiln_fc_mv_s8_fx`` for TensorFlow Lite Micro's requantisation): weights packed at compile time
 for its 4-column SMLAD loop, the input zero point folded into the bias, the requantisation fused.
 Weights that several layers share (the time steps of an unrolled RNN, each with its own input zero
@@ -19,18 +19,12 @@ import numpy as np
 from tvm import te, tirx
 
 from kiln.frontend.ops.int8util import channel_params, per_tensor
-from kiln.frontend.ops.nn import fc_effective_scales, fc_requant_constants, requantize_params
+from kiln.frontend.ops.nn import fc_effective_scales, fc_requant_constants, fixed_requant, requantize_params
 
 from . import qmath, schedules
 from .lower import lower_rule
 from .ops_nn import _check_int8, _zp, lower_dense_16x8, quantized, requant_epilogue
 from .qmath import c
-
-
-def fixed_requant(node):
-    """Whether ``node`` (a dense) requantises as TensorFlow Lite Micro does: the fixed-point
-    multiplier of conv2d (``MultiplyByQuantizedMultiplier``), not LiteRT's double product."""
-    return node.attrs.get("requant", "double") == "fixed"
 
 
 def fc_requant_epilogue(k, acc, tx, tw, ty, channels, act):
@@ -90,7 +84,7 @@ def lower_dense(k, node, xs):
             (x[i[:-1] + (kk,)].astype("int32") - c(zx)) * (w[i[-1], kk].astype("int32") - c(zw)), axis=[kk]),
             name="acc")
     acc2 = te.compute(acc.shape, lambda *i: acc(*i) + bias[i[-1]], name="bias") if bias is not None else acc
-    if fixed_requant(node):           # TensorFlow Lite Micro's: the conv's requantisation
+    if fixed_requant(node.attrs):           # TensorFlow Lite Micro's: the conv's requantisation
         return requant_epilogue(k, node, acc2, ty, N, lambda idx: idx[-1], node.attrs["activation"],
                                 bound=_bound(k, node, zx))
     return fc_requant_epilogue(k, acc2, tx, tw, ty, N, node.attrs["activation"])
@@ -226,7 +220,7 @@ def _dense_kernel(k, node, x, ty):
     if ops is None:
         return None
     args, rows, K, N, zy = ops
-    apart, fx = weights_shared(k, args[0]), fixed_requant(node)
+    apart, fx = weights_shared(k, args[0]), fixed_requant(node.attrs)
     p = prepare_dense(*args, bias_apart=apart, fixed=fx)
     consts = (k.const("w_dense", p["stream"]),) + ((k.const("bias_dense", p["bias"]),) if apart else ()) + (
         k.const("rq_m", p["m"]), k.const("rq_fixed" if fx else "rq_exact", p["rq"]))

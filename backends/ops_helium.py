@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln.frontend.ops.nn import requantize_params
+from kiln.frontend.ops.nn import fixed_requant, requantize_params
 from kiln.frontend.registry import OPS
 
 from . import ops_dense, ops_elementwise, ops_mve, qmath  # noqa: F401  (ops_dense: the rule wrapped)
@@ -67,7 +67,7 @@ def lower_dense_mve(k, node, x):
     if ops is None:
         return None
     args, rows, K, N, zy = ops
-    fx = ops_dense.fixed_requant(node)
+    fx = fixed_requant(node.attrs)
     p = prepare_fc(*args, fixed=fx)
     consts = [k.const("w_fc_mve", p["w"]), k.const("b_fc_mve", p["bias"]), k.const("m_fc_mve", p["m"]),
               k.const("rq_fc_mve_fx" if fx else "rq_fc_mve", p["rq"])]

@@ -10,7 +10,7 @@ from tvm import te, tirx
 
 from kiln.frontend.fixedpoint import multiply_by_quantized_multiplier
 from kiln.frontend.ops.int8util import channel_params, per_tensor
-from kiln.frontend.ops.nn import conv_geometry, fc_effective_scales, fc_requant_constants, pool_geometry
+from kiln.frontend.ops.nn import conv_geometry, fc_effective_scales, fc_requant_constants, fixed_requant, pool_geometry
 
 from . import ops_dw, ops_mve, qmath, schedules
 from .lower import lower_rule
@@ -477,7 +477,7 @@ def lower_dense_16x8(k, node, xs):
     s_in, _ = per_tensor(tx, "input", "dense")
     s_out, zy = per_tensor(ty, "output", "dense")
     ws, _, _ = channel_params(tw, N, "dense")
-    if node.attrs.get("requant") == "fixed":
+    if fixed_requant(node.attrs):
         return _dense16_fixed(k, node, acc, wide, ty)
     eff = fc_effective_scales(s_in, ws, s_out)
     lo, hi = qmath.activation_range(node.attrs["activation"], s_out, zy, -32768, 32767)

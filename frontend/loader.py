@@ -19,6 +19,7 @@ import os
 from .errors import SerializationError
 from .graph import Graph
 from .onnx_import import load_onnx  # onnx and torch themselves are imported when a file needs them
+from .ops.nn import fixed_requant
 from .serialize import load
 from .tflite_import import load_tflite
 from .torch_import import load_pt2
@@ -68,7 +69,7 @@ def semantics_of(graph) -> str:
     s = graph.meta.get("semantics")
     if s in SEMANTICS:
         return s
-    return "tflm" if any(n.op == "dense" and n.attrs.get("requant") == "fixed" for n in graph.nodes) else "litert"
+    return "tflm" if any(n.op == "dense" and fixed_requant(n.attrs) for n in graph.nodes) else "litert"
 
 
 def _load(path) -> Graph:

@@ -32,6 +32,7 @@ import tflite
 
 from kiln.frontend.errors import KilnError
 from kiln.frontend.loader import SEMANTICS, SEMANTICS_HELP, load_model, semantics_of
+from kiln.frontend.ops.nn import fixed_requant
 from kiln.litert import int8_state_svdfs
 
 
@@ -50,7 +51,7 @@ def tflm_only(graph) -> str | None:
             return (f"{n.name!r} is an {dtype} {what}: LiteRT's integer {what} differs from TensorFlow Lite Micro's, "
                     f"which Kiln follows")
     if semantics_of(graph) == "tflm":
-        fc = next((n for n in graph.nodes if n.op == "dense" and n.attrs.get("requant") == "fixed"
+        fc = next((n for n in graph.nodes if n.op == "dense" and fixed_requant(n.attrs)
                    and graph.types[n.inputs[0]].dtype in ("int8", "int16")), None)
         if fc is not None:
             return (f"the model follows TensorFlow Lite Micro's semantics (--semantics tflm): FULLY_CONNECTED "

@@ -156,6 +156,12 @@ def _dense_vjp(n, xs, y, gy):
 # see dense_int8 and docs/int8_ir.md. A float dense ignores it.
 FC_REQUANT = Attr("str", "double", ("double", "fixed"))
 
+
+def fixed_requant(attrs) -> bool:
+    """Whether a dense with ``attrs`` requantises as TensorFlow Lite Micro does (``requant``
+    "fixed": the conv's fixed-point multiplier), not as LiteRT's reference kernel (double)."""
+    return attrs.get("requant", "double") == "fixed"
+
 register("dense", attrs={"activation": ACT, "requant": FC_REQUANT}, infer=_dense_infer, ref=_dense_ref, vjp=_dense_vjp,
          props={LINEAR, QUANTIZABLE}, doc="x @ w.T + b, w is [N_out, K]; optional fused activation", quant=WEIGHTS)
 
@@ -620,7 +626,7 @@ def dense_int8(xs, attrs, in_types, out_type):
     wf = w.astype(np.float64) - wz.reshape(N, 1)
     acc = np.rint(np.matmul(xf, wf.T)).astype(np.int64)
     bias = _bias(xs, "dense", N)
-    if attrs.get("requant") == "fixed":     # TensorFlow Lite Micro: the conv's fixed-point multiplier
+    if fixed_requant(attrs):     # TensorFlow Lite Micro: the conv's fixed-point multiplier
         mult, shift = requantize_params(s_in, ws, s_out)
         return _finish(acc, bias, mult, shift, z_out, attrs["activation"], s_out)
     if bias is not None:
@@ -1236,7 +1242,7 @@ def dense_int16(xs, attrs, in_types, out_type):
     wf = w.astype(np.float64) - wz.reshape(N, 1)
     acc = np.rint(np.matmul(x.astype(np.float64), wf.T)).astype(np.int64)
     bias = _bias16(xs, "dense")
-    if attrs.get("requant") == "fixed":
+    if fixed_requant(attrs):
         return _dense16_fixed(acc, bias, len(in_types) > 2 and in_types[2].dtype == "int32",
                               requantize_params(s_in, ws, s_out), z_out, attrs["activation"], s_out)
     if bias is not None:
