@@ -62,19 +62,25 @@ def prepare_feeds(graph: Graph, args, feeds):
     return out
 
 
-def _evaluate(graph, k, node, xs):
-    """Node k's value by its op's reference rule (the int8 one for quantised operands)."""
-    opdef = get_op(node.op)
+def _guarded(k, node, compute):
+    """``compute()`` for node k, a failure of its reference rule named with the node."""
     try:
         # NaN/Inf are values like any other here; check=True is the way to stop at the first
         with np.errstate(all="ignore"):
-            if opdef.int8_ref is not None and _is_quantized(graph, node):
-                return opdef.int8_ref(xs, node.attrs, [graph.types[i] for i in node.inputs], graph.types[node.name])
-            return opdef.rule("ref")(xs, node.attrs)
+            return compute()
     except (NotImplementedError, GraphError, NumericsError):
         raise
     except Exception as e:  # a reference rule failed: say where
         raise GraphError(f"node {k} {node.name!r} ({node.op}) failed: {type(e).__name__}: {e}") from e
+
+
+def _evaluate(graph, k, node, xs):
+    """Node k's value by its op's reference rule (the int8 one for quantised operands)."""
+    opdef = get_op(node.op)
+    if opdef.int8_ref is not None and _is_quantized(graph, node):
+        types = [graph.types[i] for i in node.inputs]
+        return _guarded(k, node, lambda: opdef.int8_ref(xs, node.attrs, types, graph.types[node.name]))
+    return _guarded(k, node, lambda: opdef.rule("ref")(xs, node.attrs))
 
 
 def _shared_runs(graph):
@@ -90,16 +96,11 @@ def _evaluate_pair(graph, k, node, other, xs):
     """(node's value, its partner's) from one run of the lstm recurrence both read: the sequence
     and the final cell state, as the C backend's kernel writes both."""
     seq = node if node.attrs.get("output", "sequence") == "sequence" else other
-    try:
-        with np.errstate(all="ignore"):
-            if _is_quantized(graph, seq):
-                ys = lstm_16x8_states(xs, seq.attrs, [graph.types[i] for i in seq.inputs], graph.types[seq.name])
-            else:
-                ys = lstm_states(xs, seq.attrs)
-    except (GraphError, NumericsError):
-        raise
-    except Exception as e:
-        raise GraphError(f"node {k} {node.name!r} ({node.op}) failed: {type(e).__name__}: {e}") from e
+    if _is_quantized(graph, seq):
+        types = [graph.types[i] for i in seq.inputs]
+        ys = _guarded(k, node, lambda: lstm_16x8_states(xs, seq.attrs, types, graph.types[seq.name]))
+    else:
+        ys = _guarded(k, node, lambda: lstm_states(xs, seq.attrs))
     return ys if seq is node else ys[::-1]
 
 
