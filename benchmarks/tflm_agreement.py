@@ -41,7 +41,7 @@ def first_differing_node(path, samples_, semantics="litert"):
     for k, n in enumerate(g0.nodes):
         if g0.types[n.name].dtype not in ("int8", "int16"):
             continue
-        g = load_model(path, semantics=semantics)
+        g = g0.copy()
         g.nodes, g.outputs = g.nodes[:k + 1], [n.name]
         try:
             data = export_tflite(g)
