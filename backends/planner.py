@@ -296,7 +296,11 @@ def _greedy(order, aliases):
     (0, just above a live placed buffer, or where an in-place hint allows) where it overlaps no
     live placed buffer other than as an in-place hint allows: (offsets, peak)."""
     offsets = _place(order, range(len(order)), _relations(order, aliases), _neighbours(order))
-    return offsets, max((offsets[b.name] + b.size for b in order), default=0)
+    return offsets, _peak(order, offsets)
+
+
+def _peak(buffers, offsets):
+    return max((offsets[b.name] + b.size for b in buffers), default=0)
 
 
 ORDERS = {
@@ -349,7 +353,7 @@ def plan(buffers, aliases=(), strategies=None, random_orders=32, seed=0, arena_a
     neighbours, rel = _neighbours(buffers), _relations(buffers, aliases)    # shared by every strategy
     for name, order, al in cands:
         offsets = _place(buffers, [index[b.name] for b in order], rel if al else {}, neighbours)
-        peak = max((offsets[b.name] + b.size for b in buffers), default=0)
+        peak = _peak(buffers, offsets)
         tried[name] = peak
         if best is None or peak < best.peak:
             best = MemoryPlan(buffers, offsets, peak, name, list(al))
