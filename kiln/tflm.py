@@ -24,12 +24,12 @@ bit-exact against it.
 """
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 import tflite
 
+from kiln.backends.manifest import is_package, load_manifest
 from kiln.frontend.errors import KilnError
 from kiln.frontend.loader import SEMANTICS, SEMANTICS_HELP, load_model, semantics_of
 from kiln.frontend.ops.nn import fixed_requant
@@ -74,10 +74,9 @@ def check_package_semantics(model, semantics):
     """A usage error when ``model`` is a compiled package that follows other semantics than the
     ``--semantics`` given (a package's arithmetic is fixed when it is compiled)."""
     p = os.fspath(model)
-    if semantics is None or not os.path.exists(os.path.join(p, "manifest.json")):
+    if semantics is None or not is_package(p):
         return
-    with open(os.path.join(p, "manifest.json")) as f:
-        has = json.load(f).get("semantics")
+    has = load_manifest(p).semantics
     if has is not None and has != semantics:      # (None: a float package, nothing to choose)
         raise KilnError(f"{p} was compiled with --semantics {has}; --semantics {semantics} needs the model "
                         f"compiled again (kiln compile MODEL --semantics {semantics}), or leave the option out")
