@@ -175,6 +175,9 @@ def resolve(model) -> tuple[ZooModel, str]:
     stem = os.path.splitext(os.path.basename(model))[0]
     if is_model_file(model):
         return from_model_file(model), stem
+    if os.path.isfile(model) and not model.endswith(".py"):
+        raise UsageError(f"{model}: not a model this can train or trace; give a zoo model ({', '.join(_ZOO)}), a .py "
+                         f"file defining model(), or a float model file ({', '.join(MODEL_FILES)})")
     if model.endswith(".py") or os.path.sep in model:
         return load_user_model(model), stem
     return get(model), model

@@ -51,6 +51,8 @@ def test_model_file_and_its_errors(tmp_path, capsys, shared_models):
         (["verify", model, "--target", "cuda-sim", "--float64", "--golden", "g.npz"], "drop --golden"),
         (["verify", model, "--target", "cuda-sim", "--float64", "--batch", "3"], "drop --batch"),
         (["verify", f"{shared_models}/ad01_int8.tflite", "--target", "cuda-sim", "--float64"], "bit for bit"),
+        (["verify", f"{shared_models}/ad01_int8.tflite", "--target", "cuda-sim", "--float64", "--train-step"],
+         "not a model this can train"),        # was a traceback from the .py model loader
     ]:
         assert main(argv + ["--json"]) == 2, argv
         assert words in _json(capsys)["error"], argv
